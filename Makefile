@@ -1,0 +1,28 @@
+# The two commands of the README. Each creates or reuses .venv and installs what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: demo test bench info stress clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+demo: $(STAMP)
+	$(PY) -m aiogpu demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m aiogpu bench
+
+info: $(STAMP)
+	$(PY) -m aiogpu info
+
+clean:
+	rm -rf $(VENV) build *.egg-info

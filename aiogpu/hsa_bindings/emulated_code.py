@@ -1,0 +1,65 @@
+"""Code objects for the emulator: a NumPy reference body stands in for GPU machine code.
+
+A real code object is ELF bytes; an emulated one is a small JSON document behind a magic prefix,
+naming kernels and a token for each body in this process's registry. The runtime builds it with
+``code_object`` and hands it to ``hsa_code_object_reader_create_from_memory`` like any other;
+the emulator reads it back with ``parse``. Tokens make the bytes meaningless outside this process,
+as a code object for another GPU would be.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from .signature import Arg, KernargLayout, parse_signature
+
+MAGIC = b"AIOGPU-EMULATED-CODE-OBJECT\x00"
+
+_lock = threading.Lock()
+_bodies: dict[int, Callable] = {}
+_tokens = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class EmulatedKernel:
+    name: str
+    signature: str
+    body: Callable
+
+    @property
+    def args(self) -> tuple[Arg, ...]:
+        return parse_signature(self.signature)
+
+    @property
+    def layout(self) -> KernargLayout:
+        return KernargLayout.of(self.args, hidden_lengths=True)
+
+
+def register(body: Callable) -> int:
+    with _lock:
+        token = next(_tokens)
+        _bodies[token] = body
+        return token
+
+
+def code_object(kernels: list[tuple[str, str, int]]) -> bytes:
+    """Bytes of a code object holding ``(name, signature, token)`` kernels."""
+    doc = {"kernels": [{"name": n, "signature": s, "token": t} for n, s, t in kernels]}
+    return MAGIC + json.dumps(doc).encode()
+
+
+def parse(blob: bytes) -> dict[str, EmulatedKernel]:
+    """Kernels by name; raises ValueError for bytes that are not an emulated code object."""
+    if not blob.startswith(MAGIC):
+        raise ValueError("not an emulated code object")
+    doc = json.loads(blob[len(MAGIC):])
+    out = {}
+    for k in doc["kernels"]:
+        body = _bodies.get(k["token"])
+        if body is None:
+            raise ValueError(f"kernel {k['name']!r}: unknown body token {k['token']}")
+        out[k["name"]] = EmulatedKernel(k["name"], k["signature"], body)
+    return out

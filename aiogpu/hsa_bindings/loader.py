@@ -1,0 +1,183 @@
+"""Pick the HSA library: the real ROCr runtime when it answers with a GPU, else the emulator.
+
+Both come back as one ``HsaApi``: an object whose attributes are the HSA functions of
+``prototypes.PROTOTYPES``, typed identically. For the real library they are the shared object's
+symbols; for the emulator they are C function pointers (ctypes callbacks) over its Python
+implementation, so arguments are converted exactly as for the real library.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import types as T
+from .prototypes import OPTIONAL, PROTOTYPES
+
+LIBRARY_NAMES = ("libhsa-runtime64.so.1", "libhsa-runtime64.so")
+BACKENDS = ("hsa", "emulator")
+
+
+class HsaError(RuntimeError):
+    """An HSA call returned an error status."""
+
+    def __init__(self, status: int, what: str):
+        self.status = status
+        super().__init__(f"{what} failed: {T.status_name(status)} (0x{status:x})")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend that was asked for by name cannot run here."""
+
+
+@dataclass
+class HsaApi:
+    """The HSA functions of one library, and why it was chosen."""
+
+    backend: str
+    reason: str
+    library: Any = None            # the CDLL, or the emulator object
+    missing: tuple[str, ...] = ()  # optional functions the library lacks
+    _keep: list = field(default_factory=list, repr=False)
+
+    @property
+    def has_engine_copy(self) -> bool:
+        """True when the library can place a copy on a chosen SDMA engine."""
+        return not ({"hsa_amd_memory_async_copy_on_engine", "hsa_amd_memory_copy_engine_status"}
+                    & set(self.missing))
+
+    @property
+    def emulator(self) -> Any:
+        """The emulator object (for fault injection in tests); None on the real library."""
+        return self.library if self.backend == "emulator" else None
+
+    def check(self, status: int, what: str) -> None:
+        if status != T.HSA_STATUS_SUCCESS:
+            raise HsaError(status, what)
+
+    def shut_down(self) -> None:
+        self.hsa_shut_down()
+
+
+def bind_library(lib: ctypes.CDLL) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Type every symbol of PROTOTYPES in ``lib``; returns them and the optional ones absent.
+
+    A required symbol that is absent raises AttributeError.
+    """
+    funcs, missing = {}, []
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            if name in OPTIONAL:
+                missing.append(name)
+                continue
+            raise
+        fn.restype, fn.argtypes = restype, argtypes
+        funcs[name] = fn
+    return funcs, tuple(missing)
+
+
+def bind_python(impl: Any) -> tuple[dict[str, Any], list, tuple[str, ...]]:
+    """Wrap the methods of a Python HSA implementation as C function pointers of PROTOTYPES."""
+    funcs, keep, missing = {}, [], []
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        py = getattr(impl, name, None)
+        if py is None:
+            missing.append(name)
+            continue
+        cfunc = ctypes.CFUNCTYPE(restype, *argtypes)(py)
+        keep.append(cfunc)
+        # A fresh function-pointer object typed like a library symbol (argtypes/restype set).
+        fn = ctypes.cast(cfunc, ctypes.CFUNCTYPE(restype, *argtypes))
+        fn.argtypes, fn.restype = argtypes, restype
+        funcs[name] = fn
+    return funcs, keep, tuple(missing)
+
+
+def _make_api(backend: str, reason: str, library: Any, funcs: dict, missing, keep=()) -> HsaApi:
+    api = HsaApi(backend=backend, reason=reason, library=library, missing=tuple(missing))
+    api._keep.extend(keep)
+    for name, fn in funcs.items():
+        setattr(api, name, fn)
+    return api
+
+
+def open_real_library() -> tuple[ctypes.CDLL | None, str]:
+    """dlopen ROCr; returns (library or None, what happened)."""
+    errors = []
+    for name in LIBRARY_NAMES:
+        try:
+            return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL), name
+        except OSError as exc:
+            errors.append(str(exc))
+    return None, "; ".join(errors)
+
+
+def _count_gpu_agents(funcs: dict) -> int:
+    count = ctypes.c_int(0)
+
+    @T.agent_iterate_callback_t
+    def visit(agent, _data):
+        kind = ctypes.c_uint32()
+        if funcs["hsa_agent_get_info"](agent, T.HSA_AGENT_INFO_DEVICE, ctypes.byref(kind)) == 0:
+            if kind.value == T.HSA_DEVICE_TYPE_GPU:
+                count.value += 1
+        return T.HSA_STATUS_SUCCESS
+
+    funcs["hsa_iterate_agents"](visit, None)
+    return count.value
+
+
+def try_real() -> tuple[HsaApi | None, str]:
+    """The real ROCr runtime if it loads, initialises and has a GPU agent; else (None, why not)."""
+    lib, how = open_real_library()
+    if lib is None:
+        return None, f"libhsa-runtime64 not loadable ({how})"
+    try:
+        funcs, missing = bind_library(lib)
+    except AttributeError as exc:
+        return None, f"{how} lacks a required HSA symbol: {exc}"
+    status = funcs["hsa_init"]()
+    if status != T.HSA_STATUS_SUCCESS:
+        return None, f"{how} loaded but hsa_init returned 0x{status:x} ({T.status_name(status)})"
+    gpus = _count_gpu_agents(funcs)
+    if gpus == 0:
+        funcs["hsa_shut_down"]()
+        return None, f"{how} initialised but has no GPU agent"
+    reason = f"{how}: hsa_init succeeded with {gpus} GPU agent(s)"
+    if missing:
+        reason += f"; optional calls absent: {', '.join(missing)}"
+    return _make_api("hsa", reason, lib, funcs, missing), reason
+
+
+def make_emulator(reason: str, *, gpus: int | None = None, **options: Any) -> HsaApi:
+    """A fresh in-process emulator with ``gpus`` GPU agents (default AIOGPU_EMULATOR_GPUS or 2)."""
+    from .emulator import EmulatedLibrary  # the one place the emulator enters
+
+    if gpus is None:
+        gpus = int(os.environ.get("AIOGPU_EMULATOR_GPUS", "2"))
+    impl = EmulatedLibrary(gpus=gpus, **options)
+    funcs, keep, missing = bind_python(impl)
+    api = _make_api("emulator", reason, impl, funcs, missing, keep)
+    api.check(api.hsa_init(), "hsa_init")
+    return api
+
+
+def load(backend: str | None = None, **emulator_options: Any) -> HsaApi:
+    """The HSA API for ``backend`` (``hsa``, ``emulator`` or None for auto; env AIOGPU_BACKEND).
+
+    Forcing ``hsa`` where no GPU answers raises BackendUnavailable rather than falling back.
+    """
+    backend = backend or os.environ.get("AIOGPU_BACKEND") or None
+    if backend not in (None, "auto", *BACKENDS):
+        raise ValueError(f"unknown HSA backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "emulator":
+        return make_emulator("emulator requested", **emulator_options)
+    api, why = try_real()
+    if api is not None:
+        return api
+    if backend == "hsa":
+        raise BackendUnavailable(f"AIOGPU_BACKEND=hsa but the HSA runtime is unusable: {why}")
+    return make_emulator(f"no usable GPU ({why}); using the emulator", **emulator_options)

@@ -1,0 +1,114 @@
+"""Kernel signatures (``"f32*, const f32*, f32, u32"``) and the kernarg layout they imply.
+
+Shared by the runtime, which writes kernargs, and the emulator, which reads them back: explicit
+arguments at their natural C alignment, then, for emulated kernels only, one hidden ``u64`` per
+pointer argument holding the byte length of the buffer (as AMD code objects carry hidden
+arguments after the explicit ones). The hidden lengths let the emulator hand the NumPy body a
+view of exactly the buffer.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+SCALARS = {
+    "f32": np.float32, "f64": np.float64,
+    "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
+    "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
+}
+POINTER_SIZE = 8
+KERNARG_ALIGN = 16
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One parameter: a scalar, or a pointer to ``dtype`` (``const`` when read-only)."""
+
+    type_name: str
+    pointer: bool
+    const: bool = False
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(SCALARS[self.type_name])
+
+    @property
+    def size(self) -> int:
+        return POINTER_SIZE if self.pointer else self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return ("const " if self.const else "") + self.type_name + ("*" if self.pointer else "")
+
+
+def parse_signature(text: str) -> tuple[Arg, ...]:
+    """Parse a comma-separated signature; raises ValueError naming the bad part."""
+    if not isinstance(text, str):
+        raise TypeError(f"kernel signature must be a string, not {type(text).__name__}")
+    args = []
+    for i, raw in enumerate(p.strip() for p in text.split(",")):
+        if not raw and text.strip() == "":
+            return ()
+        words = raw.replace("*", " * ").split()
+        const = bool(words) and words[0] == "const"
+        words = words[1:] if const else words
+        pointer = words[-1:] == ["*"]
+        words = words[:-1] if pointer else words
+        if len(words) != 1 or words[0] not in SCALARS or (const and not pointer):
+            raise ValueError(f"bad kernel argument type {raw!r} at position {i}: expected one of "
+                             f"{', '.join(SCALARS)}, 'T*' or 'const T*'")
+        args.append(Arg(words[0], pointer, const))
+    return tuple(args)
+
+
+def _align(offset: int, alignment: int) -> int:
+    return (offset + alignment - 1) // alignment * alignment
+
+
+@dataclass(frozen=True)
+class KernargLayout:
+    offsets: tuple[int, ...]          # explicit arguments
+    hidden_length_offsets: tuple[int, ...]  # one per pointer argument (emulated kernels)
+    size: int
+
+    @classmethod
+    def of(cls, args: tuple[Arg, ...], *, hidden_lengths: bool) -> "KernargLayout":
+        offsets, off = [], 0
+        for a in args:
+            off = _align(off, a.size)
+            offsets.append(off)
+            off += a.size
+        hidden = []
+        if hidden_lengths:
+            for a in args:
+                if a.pointer:
+                    off = _align(off, 8)
+                    hidden.append(off)
+                    off += 8
+        return cls(tuple(offsets), tuple(hidden), max(_align(off, KERNARG_ALIGN), KERNARG_ALIGN))
+
+
+def pack(args: tuple[Arg, ...], layout: KernargLayout, values, lengths=()) -> bytes:
+    """Kernarg bytes: pointer values are integer addresses, scalars are Python/NumPy numbers."""
+    out = bytearray(layout.size)
+    for a, off, v in zip(args, layout.offsets, values):
+        if a.pointer:
+            struct.pack_into("<Q", out, off, int(v))
+        else:
+            out[off:off + a.size] = np.asarray(v, dtype=a.dtype).tobytes()
+    for off, n in zip(layout.hidden_length_offsets, lengths):
+        struct.pack_into("<Q", out, off, int(n))
+    return bytes(out)
+
+
+def unpack(args: tuple[Arg, ...], layout: KernargLayout, data: bytes) -> tuple[list, list[int]]:
+    """Inverse of pack: (values, hidden lengths); pointers come back as integer addresses."""
+    values = []
+    for a, off in zip(args, layout.offsets):
+        if a.pointer:
+            values.append(struct.unpack_from("<Q", data, off)[0])
+        else:
+            values.append(np.frombuffer(data, dtype=a.dtype, count=1, offset=off)[0])
+    lengths = [struct.unpack_from("<Q", data, off)[0] for off in layout.hidden_length_offsets]
+    return values, lengths
