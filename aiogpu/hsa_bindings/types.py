@@ -55,6 +55,12 @@ class hsa_queue_t(ctypes.Structure):
     ]
 
 
+# ROCr's ``amd_queue_t`` (``amd_hsa_queue.h``) begins with the ``hsa_queue_t`` and keeps the ring's
+# 64-bit write and read indices at these byte offsets; the emulator lays its queues out the same way.
+AMD_QUEUE_WRITE_DISPATCH_ID_OFFSET = 56
+AMD_QUEUE_READ_DISPATCH_ID_OFFSET = 128
+
+
 class amd_signal_t(ctypes.Structure):
     """ROCr's in-memory signal (``amd_hsa_signal.h``); a signal handle is this struct's address."""
 

@@ -1,0 +1,73 @@
+"""aiogpu: an asyncio-native GPU runtime. Every GPU completion is an awaitable.
+
+    devs = aiogpu.devices()
+    x = devs[0].alloc(n * 4)
+    await aiogpu.copy(x, host_array)
+    await devs[0].launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n))
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .errors import GPUError, RuntimeClosedError, WatchdogTimeout
+from .kernels import Kernel, kernel
+from .memory import Buffer
+from .device import Device
+from .runtime import Runtime, runtime
+from .signals import GPUFuture, InvalidStateError
+
+__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
+           "copy", "gather", "GPUError", "RuntimeClosedError", "WatchdogTimeout", "InvalidStateError"]
+__version__ = "0.1.0"
+
+
+def devices(backend: str | None = None) -> list[Device]:
+    """The GPUs of the default runtime (``backend``: "hsa", "emulator", "cuda" or None for auto)."""
+    return list(runtime(backend).devices)
+
+
+def _runtime_of(*sides: Any) -> Runtime:
+    for side in sides:
+        if isinstance(side, Buffer):
+            return side.device.runtime
+    raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
+
+
+def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+    """Copy ``src`` into ``dst`` (each a Buffer or a C-contiguous NumPy array of equal size).
+
+    Returns a GPUFuture at once. A copy between GPUs runs on the source device's SDMA engine,
+    host-to-device on the destination's, device-to-host on the source's; with no free engine it
+    runs as a shader copy on a compute queue. A host array must not be touched until the future
+    completes (the future keeps it alive).
+    """
+    return _runtime_of(dst, src).copy(dst, src, after)
+
+
+def gather(*futures: GPUFuture) -> GPUFuture:
+    """One future that completes when all of ``futures`` have (a device-side join); it fails
+    if any of them fails."""
+    for f in futures:
+        if not isinstance(f, GPUFuture):
+            raise TypeError(f"gather takes GPUFutures, got {f!r}")
+    hubs = {id(f._hub): f for f in futures if f._hub is not None}
+    if not hubs:
+        from .signals import completed_future
+        failed = next((f._exc for f in futures if f._exc is not None), None)
+        return completed_future(None, "gather", failed)
+    rt = _runtime_for_hub(next(iter(hubs.values()))._hub)
+    return rt.gather(futures)
+
+
+def _runtime_for_hub(hub: Any) -> Runtime:
+    owner = getattr(hub, "owner", None)
+    if owner is None:
+        raise ValueError("this future does not belong to a live runtime")
+    return owner
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Graph":  # graph.py sits above the runtime; import it on first use
+        from .graph import Graph
+        return Graph
+    raise AttributeError(name)

@@ -1,0 +1,136 @@
+"""Kernel declarations: one signature, per-backend implementations, and the built-in kernels.
+
+``@aiogpu.kernel("f32*, const f32*, f32, u32", hsaco=..., cuda=...)`` declares a kernel. Its
+Python body is the NumPy reference implementation: the emulator runs it once per dispatch, with
+pointer arguments as typed views of whole buffers, and tests use it as the oracle. ``hsaco`` is an
+AMD code object (kernel symbol = the function's name); ``cuda`` is CUDA C source or cubin bytes.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .hsa_bindings import emulated_code
+from .hsa_bindings import types as T
+from .hsa_bindings.signature import Arg, KernargLayout, parse_signature
+
+
+@dataclass(frozen=True)
+class LoadedKernel:
+    """A kernel resolved on one agent: what a dispatch packet needs."""
+
+    kernel_object: int
+    kernarg_size: int
+    group_segment_size: int
+    private_segment_size: int
+    layout: KernargLayout
+    executable: int
+    args: tuple = ()
+
+
+class Kernel:
+    """A GPU kernel with a typed signature; launch it with ``Device.launch``."""
+
+    def __init__(self, body: Callable, signature: str, *, hsaco: bytes | None = None,
+                 cuda: str | bytes | None = None, name: str | None = None):
+        if not callable(body):
+            raise TypeError("a kernel body must be a function")
+        self.body = body
+        self.name = name or body.__name__
+        self.signature = signature
+        self.args: tuple[Arg, ...] = parse_signature(signature)
+        self.hsaco = hsaco
+        self.cuda = cuda
+        self._token: int | None = None
+        self.__doc__ = body.__doc__
+
+    @property
+    def writes(self) -> list[int]:
+        """Indices of the pointer arguments the kernel may write (not ``const``)."""
+        return [i for i, a in enumerate(self.args) if a.pointer and not a.const]
+
+    @property
+    def reads(self) -> list[int]:
+        return [i for i, a in enumerate(self.args) if a.pointer]
+
+    def code_object(self, backend: str, isa: str) -> bytes:
+        """The code object to load for ``backend`` on an agent of ``isa``."""
+        if backend == "emulator":
+            if self._token is None:
+                self._token = emulated_code.register(self.body)
+            return emulated_code.code_object([(self.name, self.signature, self._token)])
+        if self.hsaco is None:
+            raise ValueError(f"kernel {self.name!r} has no AMD code object (hsaco=) for {isa}")
+        return self.hsaco
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
+        return self.body(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name}({self.signature})>"
+
+
+def kernel(signature: str, *, hsaco: bytes | None = None, cuda: str | bytes | None = None,
+           name: str | None = None) -> Callable[[Callable], Kernel]:
+    """Declare a kernel from its NumPy reference body: ``@aiogpu.kernel("f32*, u32")``."""
+    parse_signature(signature)  # bad signatures fail at declaration
+
+    def wrap(body: Callable) -> Kernel:
+        return Kernel(body, signature, hsaco=hsaco, cuda=cuda, name=name)
+
+    return wrap
+
+
+def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
+    """Load ``kernel``'s code object for ``agent`` through the executable calls."""
+    code = kernel.code_object(api.backend, isa)
+    buf = ctypes.create_string_buffer(code, len(code))
+    reader = T.hsa_code_object_reader_t()
+    api.check(api.hsa_code_object_reader_create_from_memory(buf, len(code), ctypes.byref(reader)),
+              f"loading the code object of {kernel.name}")
+    exe = T.hsa_executable_t()
+    try:
+        api.check(api.hsa_executable_create_alt(T.HSA_PROFILE_FULL, T.HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT,
+                                                None, ctypes.byref(exe)), "hsa_executable_create_alt")
+        api.check(api.hsa_executable_load_agent_code_object(exe, agent, reader, None, None),
+                  f"hsa_executable_load_agent_code_object({kernel.name})")
+        api.check(api.hsa_executable_freeze(exe, None), "hsa_executable_freeze")
+    finally:
+        api.hsa_code_object_reader_destroy(reader)
+    sym = T.hsa_executable_symbol_t()
+    api.check(api.hsa_executable_get_symbol_by_name(exe, (kernel.name + ".kd").encode(), ctypes.byref(agent),
+                                                    ctypes.byref(sym)), f"kernel symbol {kernel.name}.kd")
+
+    def info(attr: int, ctype: Any) -> int:
+        value = ctype()
+        api.check(api.hsa_executable_symbol_get_info(sym, attr, ctypes.byref(value)), "symbol info")
+        return value.value
+
+    hidden = api.backend == "emulator"
+    return LoadedKernel(
+        kernel_object=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT, ctypes.c_uint64),
+        kernarg_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, ctypes.c_uint32),
+        group_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, ctypes.c_uint32),
+        private_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, ctypes.c_uint32),
+        layout=KernargLayout.of(kernel.args, hidden_lengths=hidden),
+        executable=exe.handle,
+        args=kernel.args,
+    )
+
+
+# -- built-in kernels ---------------------------------------------------------------------------
+@kernel("u8*, const u8*, u64", name="aiogpu_copy")
+def copy_kernel(launch, dst, src, n):
+    """Shader copy: the fallback when no SDMA engine is available."""
+    dst[:n] = src[:n]
+
+
+@kernel("u32*, u32, u64", name="aiogpu_fill")
+def fill_kernel(launch, dst, value, n):
+    """Fill ``n`` 32-bit words with ``value``."""
+    dst[:n] = value
+
+
+BUILTINS = (copy_kernel, fill_kernel)

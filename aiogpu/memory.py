@@ -1,0 +1,220 @@
+"""Device memory: buffers, a buddy sub-allocator over 2 MiB blocks, and host-memory locking.
+
+Small allocations come from 2 MiB blocks split buddy-fashion (power-of-two pieces, at least
+``MIN_PIECE`` bytes, aligned to their size), so that many small buffers share a few huge-page
+blocks. Large allocations are rounded up to a multiple of 2 MiB and placed at a 2 MiB-aligned
+address (fewer TLB misses and page tables). A buffer returns to the allocator only when no
+pending GPU work uses it.
+"""
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import RuntimeClosedError
+from .hsa_bindings import types as T
+
+BLOCK = 2 << 20          # 2 MiB: huge-page size, the unit of every allocation from the driver
+MIN_PIECE = 256
+MIN_ORDER = MIN_PIECE.bit_length() - 1
+BLOCK_ORDER = BLOCK.bit_length() - 1
+SMALL_LIMIT = BLOCK // 2  # larger requests get blocks of their own
+
+
+def round_up(n: int, unit: int) -> int:
+    return (n + unit - 1) // unit * unit
+
+
+class BuddyAllocator:
+    """Power-of-two pieces carved from 2 MiB blocks; freeing merges buddies back.
+
+    ``get_block()`` returns the address of a fresh 2 MiB-aligned block, ``put_block(addr)`` gives
+    a fully free one back. Not thread-safe: the runtime lock guards it.
+    """
+
+    def __init__(self, get_block: Callable[[], int], put_block: Callable[[int], None]):
+        self._get_block, self._put_block = get_block, put_block
+        self._free: dict[int, set[int]] = {o: set() for o in range(MIN_ORDER, BLOCK_ORDER + 1)}
+        self._used: dict[int, int] = {}   # address -> order
+        self.blocks = 0
+
+    @staticmethod
+    def order_for(nbytes: int) -> int:
+        return max(MIN_ORDER, (max(nbytes, 1) - 1).bit_length())
+
+    def alloc(self, nbytes: int) -> int:
+        order = self.order_for(nbytes)
+        if order > BLOCK_ORDER:
+            raise ValueError(f"{nbytes} bytes is too large for the sub-allocator")
+        found = next((o for o in range(order, BLOCK_ORDER + 1) if self._free[o]), None)
+        if found is None:
+            self._free[BLOCK_ORDER].add(self._get_block())
+            self.blocks += 1
+            found = BLOCK_ORDER
+        addr = self._free[found].pop()
+        while found > order:        # split, keeping the upper half free
+            found -= 1
+            self._free[found].add(addr + (1 << found))
+        self._used[addr] = order
+        return addr
+
+    def free(self, addr: int) -> None:
+        order = self._used.pop(addr)
+        while order < BLOCK_ORDER:
+            buddy = addr ^ (1 << order)
+            if buddy not in self._free[order]:
+                break
+            self._free[order].remove(buddy)
+            addr = min(addr, buddy)
+            order += 1
+        if order == BLOCK_ORDER:
+            self._put_block(addr)
+            self.blocks -= 1
+        else:
+            self._free[order].add(addr)
+
+    @property
+    def used(self) -> int:
+        return len(self._used)
+
+
+class DeviceMemory:
+    """One device's memory: an HSA pool, the buddy allocator for small buffers, large blocks."""
+
+    def __init__(self, api: Any, pool: Any, agents_for_access: Callable[[], list]):
+        self._api, self._pool = api, pool
+        self._agents_for_access = agents_for_access
+        self._bases: dict[int, int] = {}  # aligned address -> address the pool returned
+        self.small = BuddyAllocator(lambda: self._pool_alloc(BLOCK), self._pool_free)
+        self.large: dict[int, int] = {}   # address -> size
+
+    def alloc(self, nbytes: int) -> tuple[int, int]:
+        """(address, capacity) of ``nbytes`` of device memory."""
+        if nbytes <= SMALL_LIMIT:
+            addr = self.small.alloc(nbytes)
+            return addr, 1 << self.small.order_for(nbytes)
+        size = round_up(nbytes, BLOCK)
+        addr = self._pool_alloc(size)
+        self.large[addr] = size
+        return addr, size
+
+    def free(self, addr: int) -> None:
+        if addr in self.large:
+            del self.large[addr]
+            self._pool_free(addr)
+        else:
+            self.small.free(addr)
+
+    def _pool_alloc(self, size: int) -> int:
+        """``size`` bytes at a 2 MiB-aligned address, visible to every GPU agent (peer access)."""
+        ptr = self._raw_alloc(size)
+        if ptr % BLOCK:
+            self._api.hsa_amd_memory_pool_free(ptr)
+            base = self._raw_alloc(size + BLOCK)
+            ptr = round_up(base, BLOCK)
+            self._bases[ptr] = base
+        agents = self._agents_for_access()
+        if agents:
+            arr = (T.hsa_agent_t * len(agents))(*agents)
+            self._api.check(self._api.hsa_amd_agents_allow_access(len(agents), arr, None, ptr),
+                            "hsa_amd_agents_allow_access")
+        return ptr
+
+    def _raw_alloc(self, size: int) -> int:
+        out = ctypes.c_void_p()
+        self._api.check(self._api.hsa_amd_memory_pool_allocate(self._pool, size, 0, ctypes.byref(out)),
+                        f"hsa_amd_memory_pool_allocate({size})")
+        return out.value
+
+    def _pool_free(self, addr: int) -> None:
+        self._api.hsa_amd_memory_pool_free(self._bases.pop(addr, addr))
+
+
+class Buffer:
+    """``nbytes`` of memory on one device.
+
+    Allocation is synchronous and cheap. ``free()`` (or garbage collection) returns the memory
+    only after every GPU operation that uses the buffer has retired.
+    """
+
+    def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
+        self.device = device
+        self.address = address
+        self.nbytes = nbytes
+        self.users = 0                 # pending operations that use it
+        self.freed = False
+        self.last_write: Any = None    # ordering state, see ordering.py
+        self.reads: list = []
+        self._finalizer = weakref.finalize(self, release, address)
+
+    def check_usable(self) -> None:
+        if self.freed:
+            raise ValueError(f"{self!r} was freed")
+        if self.device.runtime.closed:
+            raise RuntimeClosedError(f"{self!r}: its runtime is closed")
+
+    def free(self) -> None:
+        """Give the memory back once no pending GPU work uses it; the buffer is unusable after."""
+        with self.device.runtime.lock:
+            if self.freed:
+                return
+            self.freed = True
+            if self.users == 0:
+                self._finalizer()
+
+    def unuse(self) -> None:
+        """One operation using this buffer retired (under the runtime lock)."""
+        self.users -= 1
+        if self.users == 0 and self.freed:
+            self._finalizer()
+
+    def to_numpy(self, dtype: Any = np.uint8) -> Any:
+        """A GPUFuture whose result is a new NumPy array holding a copy of the buffer."""
+        return self.device.runtime.to_numpy(self, np.dtype(dtype))
+
+    def fill(self, value: int, *, after: Any = ()) -> Any:
+        """Fill with a repeated 32-bit ``value`` (device-side; nbytes must be a multiple of 4)."""
+        return self.device.runtime.fill(self, value, after=after)
+
+    def __repr__(self) -> str:
+        return f"<Buffer {self.nbytes} B on {self.device.name} at 0x{self.address:x}>"
+
+
+class HostLocks:
+    """Host arrays locked for the agents while GPU work uses them (pageable memory, not GTT).
+
+    Locks are counted per (address, size), so overlapping operations on one array share a lock;
+    the range is unlocked when the last of them retires.
+    """
+
+    def __init__(self, api: Any, agents: Callable[[], list]):
+        self._api, self._agents = api, agents
+        self._locks: dict[tuple[int, int], list[int]] = {}  # (addr, size) -> [count, agent_ptr]
+
+    def lock(self, addr: int, size: int) -> int:
+        key = (addr, size)
+        entry = self._locks.get(key)
+        if entry is None:
+            agents = self._agents()
+            arr = (T.hsa_agent_t * len(agents))(*agents)
+            out = ctypes.c_void_p()
+            self._api.check(self._api.hsa_amd_memory_lock(addr, size, arr, len(agents), ctypes.byref(out)),
+                            "hsa_amd_memory_lock")
+            entry = self._locks[key] = [0, out.value]
+        entry[0] += 1
+        return entry[1]
+
+    def unlock(self, addr: int, size: int) -> None:
+        key = (addr, size)
+        entry = self._locks[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._locks[key]
+            self._api.hsa_amd_memory_unlock(addr)
+
+    @property
+    def count(self) -> int:
+        return len(self._locks)

@@ -1,0 +1,101 @@
+"""What runs before what: buffer hazards and ``after=`` edges become dependencies.
+
+Every operation declares what it reads and writes. It depends on the last writer of what it reads
+(read after write), and on the last writer and the readers since of what it writes (write after
+write, write after read). Read-after-write and ``after=`` edges are *semantic*: if the earlier
+operation fails, so does the later. The others only order: work that overwrites a buffer does not
+fail because an earlier writer of it did.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from .errors import GPUError
+from .signals import GPUFuture
+
+
+class HostRange:
+    """Ordering state of a host array's memory (keyed by address and size)."""
+
+    __slots__ = ("last_write", "reads", "key")
+
+    def __init__(self, key: tuple[int, int]):
+        self.key = key
+        self.last_write: GPUFuture | None = None
+        self.reads: list[GPUFuture] = []
+
+
+class Hazards:
+    """Ordering state of host ranges; buffers carry theirs (``last_write``/``reads``) themselves."""
+
+    def __init__(self):
+        self._host: dict[tuple[int, int], HostRange] = {}
+
+    def host(self, address: int, nbytes: int) -> HostRange:
+        key = (address, nbytes)
+        state = self._host.get(key)
+        if state is None:
+            state = self._host[key] = HostRange(key)
+        return state
+
+    def prune_host(self, state: HostRange) -> None:
+        _prune(state)
+        if state.last_write is None and not state.reads:
+            self._host.pop(state.key, None)
+
+    @property
+    def host_ranges(self) -> int:
+        return len(self._host)
+
+
+def _prune(state: Any) -> None:
+    if state.last_write is not None and state.last_write.retired:
+        state.last_write = None
+    state.reads = [f for f in state.reads if not f.retired]
+
+
+def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GPUFuture]) -> dict[GPUFuture, bool]:
+    """{earlier future: semantic} for an operation touching ``reads``/``writes`` states."""
+    deps: dict[GPUFuture, bool] = {}
+
+    def add(fut: GPUFuture | None, semantic: bool) -> None:
+        if fut is not None and not fut.retired:
+            deps[fut] = deps.get(fut, False) or semantic
+
+    for fut in after:
+        if fut.retired:
+            deps[fut] = True  # still checked for failure below
+        else:
+            add(fut, True)
+    writes = list(writes)
+    for state in reads:
+        _prune(state)
+        add(state.last_write, True)
+    for state in writes:
+        _prune(state)
+        add(state.last_write, False)
+        for reader in state.reads:
+            add(reader, False)
+    return deps
+
+
+def failed_dependency(deps: dict[GPUFuture, bool]) -> GPUError | None:
+    """A GPUError for the first semantic dependency that failed, else None."""
+    for fut, semantic in deps.items():
+        if semantic and fut.done() and fut._exc is not None:
+            err = GPUError(f"a dependency failed ({fut.label}: {fut._exc})",
+                           status=getattr(fut._exc, "status", None))
+            err.__cause__ = fut._exc
+            return err
+    return None
+
+
+def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any]) -> None:
+    """Make ``fut`` the last writer of ``writes`` and a reader of the other ``reads``."""
+    writes = list(writes)
+    for state in writes:
+        state.last_write = fut
+        state.reads = []
+    for state in reads:
+        if not any(state is w for w in writes):
+            state.reads.append(fut)
