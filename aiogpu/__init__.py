@@ -15,8 +15,10 @@ from .memory import Buffer
 from .device import Device
 from .runtime import Runtime, runtime
 from .signals import GPUFuture, InvalidStateError
+from .structured import TaskGroup
+from .graph import Graph, GraphExec
 
-__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
+__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph", "GraphExec", "TaskGroup",
            "copy", "gather", "GPUError", "RuntimeClosedError", "WatchdogTimeout", "InvalidStateError"]
 __version__ = "0.1.0"
 
@@ -50,6 +52,9 @@ def gather(*futures: GPUFuture) -> GPUFuture:
     for f in futures:
         if not isinstance(f, GPUFuture):
             raise TypeError(f"gather takes GPUFutures, got {f!r}")
+    graph = next((f.graph for f in futures if hasattr(f, "graph")), None)
+    if graph is not None:          # inside a capture: a join node
+        return graph.record_gather(list(futures))
     hubs = {id(f._hub): f for f in futures if f._hub is not None}
     if not hubs:
         from .signals import completed_future
@@ -66,8 +71,3 @@ def _runtime_for_hub(hub: Any) -> Runtime:
     return owner
 
 
-def __getattr__(name: str) -> Any:
-    if name == "Graph":  # graph.py sits above the runtime; import it on first use
-        from .graph import Graph
-        return Graph
-    raise AttributeError(name)

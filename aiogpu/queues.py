@@ -14,6 +14,7 @@ never blocks on a full ring.
 from __future__ import annotations
 
 import ctypes
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -27,20 +28,31 @@ from .signals import CompletionHub, GPUFuture
 DEFAULT_RING = 1024
 KERNARG_RING_BYTES = 256 << 10
 BODY_OFFSET = 4  # bytes 0..3 are the header word, published last
+KERNARG_ADDRESS_OFFSET = P.hsa_kernel_dispatch_packet_t.kernarg_address.offset
 
 
-@dataclass
 class PacketGroup:
-    """Packets that go into one queue back to back for one operation (barriers, then the work).
+    """Packets that go into one queue back to back (barriers, then the work), as raw bytes.
 
-    ``packets`` are ctypes packet structs with ``header`` left 0; ``headers`` the header words
-    (``header | setup << 16``) to publish. ``future`` completes with the last packet.
+    ``blob`` holds ``n`` 64-byte packets whose header words are ignored; ``headers`` are the
+    words (``header | setup << 16``) published after every body. ``future`` completes with the
+    last packet; ``marks`` are further futures completed by packet ``i`` of the group (graph
+    nodes). ``kernargs`` maps a dispatch packet's index to argument bytes placed in the queue's
+    kernarg ring at publication.
     """
 
-    packets: list
-    headers: list[int]
-    future: GPUFuture
-    kernarg: bytes = b""          # written to the queue's kernarg ring at publication
+    __slots__ = ("blob", "headers", "future", "marks", "kernargs")
+
+    def __init__(self, packets: list, headers: list[int], future: GPUFuture, kernarg: bytes = b"", *,
+                 blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None):
+        self.blob = blob if blob is not None else bytearray(b"".join(bytes(p) for p in packets))
+        self.headers = headers
+        self.future = future
+        self.marks = marks or []
+        self.kernargs = kernargs if kernargs is not None else ({len(headers) - 1: kernarg} if kernarg else {})
+
+    def __len__(self) -> int:
+        return len(self.headers)
 
 
 def barrier_and_packets(signals: list[int], completion: int = 0, *, barrier: bool = False) -> list[tuple]:
@@ -161,16 +173,18 @@ class AqlQueue:
         return write - read + n <= self.size
 
     def _try_publish(self, group: PacketGroup) -> bool:
-        n = len(group.packets)
+        n = len(group)
         if n > self.size:
             raise ValueError(f"{n} packets cannot fit a ring of {self.size}")
+        if n == 0:
+            return True
         if self.broken or not self.has_room(n):
             return False
-        if group.kernarg and not self._place_kernarg(group):
+        if group.kernargs and not self._place_kernargs(group):
             return False
         first = self.api.hsa_queue_add_write_index_scacq_screl(self._q, n)
         try:
-            self._write_bodies(first, group.packets)
+            self._write_bodies(first, group.blob, n)
             self._publish_headers(first, group.headers)
         except BaseException:
             self._publish_noops(first, n)  # rule 4: a reserved slot is never left unpublished
@@ -180,25 +194,35 @@ class AqlQueue:
         self.published += n
         self.inflight[group.future] = (first, first + n - 1)
         group.future.packet = first + n - 1
+        for fut, i in group.marks:
+            self.inflight[fut] = (first, first + i)
+            fut.packet, fut.queue = first + i, self.name
         return True
 
-    def _place_kernarg(self, group: PacketGroup) -> bool:
-        """Copy the kernel arguments into the ring; freed when the dispatch retires."""
-        got = self.kernarg.alloc(len(group.kernarg))
-        if got is None:
-            return False
-        address, entry = got
-        ctypes.memmove(address, group.kernarg, len(group.kernarg))
-        group.packets[-1].kernarg_address = address
-        group.future._cleanup.append(lambda: self.kernarg.free(entry))
+    def _place_kernargs(self, group: PacketGroup) -> bool:
+        """Copy kernel arguments into the ring (all or none); freed when the group retires."""
+        placed = []
+        for index, data in group.kernargs.items():
+            got = self.kernarg.alloc(len(data))
+            if got is None:
+                for entry in placed:
+                    self.kernarg.free(entry)
+                return False
+            address, entry = got
+            placed.append(entry)
+            ctypes.memmove(address, data, len(data))
+            struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
+        group.future._cleanup.append(lambda: [self.kernarg.free(e) for e in placed])
         return True
 
     def _slot(self, index: int) -> int:
         return self.ring + (index % self.size) * P.PACKET_SIZE
 
-    def _write_bodies(self, first: int, packets: list) -> None:
-        for i, pkt in enumerate(packets):
-            ctypes.memmove(self._slot(first + i) + BODY_OFFSET, ctypes.addressof(pkt) + BODY_OFFSET,
+    def _write_bodies(self, first: int, blob: bytearray, n: int) -> None:
+        src = (ctypes.c_char * len(blob)).from_buffer(blob)
+        base = ctypes.addressof(src)
+        for i in range(n):
+            ctypes.memmove(self._slot(first + i) + BODY_OFFSET, base + i * P.PACKET_SIZE + BODY_OFFSET,
                            P.PACKET_SIZE - BODY_OFFSET)
 
     def _publish_headers(self, first: int, headers: list[int]) -> None:

@@ -118,8 +118,10 @@ class Runtime:
         out = ctypes.c_void_p()
         self.api.check(self.api.hsa_amd_memory_pool_allocate(self._kernarg_pool, KERNARG_RING_BYTES, 0,
                                                              ctypes.byref(out)), "kernarg allocation")
-        arr = (T.hsa_agent_t * 1)(agent)
-        self.api.check(self.api.hsa_amd_agents_allow_access(1, arr, None, out.value), "kernarg access")
+        agents = self.gpu_agents()   # graph kernargs may serve every device
+        arr = (T.hsa_agent_t * len(agents))(*agents)
+        self.api.check(self.api.hsa_amd_agents_allow_access(len(agents), arr, None, out.value),
+                       "kernarg access")
         self._kernarg_blocks.append(out.value)
         return out.value, KERNARG_RING_BYTES
 

@@ -8,6 +8,7 @@ Completions go to each event loop in one batch per wake-up (see ``_loops``).
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import threading
 import time
@@ -19,6 +20,9 @@ from .errors import GPUError, WatchdogTimeout
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
+
+# The futures submitted in this context are appended here when a TaskGroup is active.
+submission_scope: contextvars.ContextVar[list | None] = contextvars.ContextVar("aiogpu_scope", default=None)
 PENDING, DONE, FAILED = 0, 1, 2
 
 
@@ -248,6 +252,9 @@ class CompletionHub:
     def new_future(self, label: str) -> GPUFuture:
         """A pending future backed by a fresh pool signal, watched from now on (call under lock)."""
         fut = GPUFuture(self, label, signal=self.pool.acquire())
+        scope = submission_scope.get()
+        if scope is not None:
+            scope.append(fut)
         self._pending[fut.signal] = fut
         self._dirty = True
         self.wake()

@@ -1,0 +1,1 @@
+"""Implementations of ``python -m aiogpu demo | bench``."""

@@ -1,0 +1,106 @@
+"""pytest plugin for async GPU test suites (registered as the ``aiogpu`` pytest11 entry point).
+
+Fixtures: ``gpu_runtime`` (a fresh runtime per test), ``gpu`` (its first device), ``gpus`` (all),
+``inject`` (fault injection on the emulator). Options: ``--aiogpu-backend=emulator|hsa|cuda``
+(default emulator), ``--aiogpu-gpus=N`` (emulated GPUs). A test fails if it leaves GPU work
+pending or leaks signals, kernel-argument memory or host locks.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import pytest
+
+
+def pytest_addoption(parser: Any) -> None:
+    group = parser.getgroup("aiogpu")
+    group.addoption("--aiogpu-backend", default="emulator", choices=("emulator", "hsa", "cuda"),
+                    help="backend of the gpu_runtime fixture (default: emulator)")
+    group.addoption("--aiogpu-gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
+    group.addoption("--aiogpu-sdma-engines", type=int, default=2, help="SDMA engines per emulated GPU")
+
+
+def _settle(rt: Any, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = rt.stats()
+        if stats.get("pending", 0) == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def gpu_runtime(request: Any) -> Iterator[Any]:
+    """A fresh aiogpu runtime for this test, closed afterwards; fails the test on leaks."""
+    import aiogpu
+
+    config = request.config
+    backend = config.getoption("--aiogpu-backend", "emulator")
+    options: dict[str, Any] = {}
+    if backend == "emulator":
+        options = {"gpus": config.getoption("--aiogpu-gpus", 2),
+                   "sdma_engines": config.getoption("--aiogpu-sdma-engines", 2)}
+    marker = request.node.get_closest_marker("aiogpu")
+    if marker:
+        options.update(marker.kwargs)
+    rt = aiogpu.Runtime(backend, **options)
+    yield rt
+    stats = _settle(rt, 10.0)
+    rt.close()
+    leaks = {k: v for k, v in stats.items()
+             if k in ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks") and v}
+    if leaks:
+        pytest.fail(f"the test left GPU work or resources behind: {leaks}")
+
+
+@pytest.fixture
+def gpus(gpu_runtime: Any) -> list:
+    """Every device of ``gpu_runtime``."""
+    return list(gpu_runtime.devices)
+
+
+@pytest.fixture
+def gpu(gpus: list) -> Any:
+    """The first device of ``gpu_runtime``."""
+    return gpus[0]
+
+
+class Injector:
+    """Fault injection on the emulated runtime of this test (skips on a real backend)."""
+
+    def __init__(self, rt: Any):
+        emulator = rt.api.emulator if hasattr(rt, "api") else None
+        if emulator is None:
+            pytest.skip("fault injection needs the emulator backend")
+        self.faults = emulator.faults
+
+    def queue_error(self, at: int = 1, status: int | None = None, gpu: int | None = None) -> None:
+        """The ``at``-th packet processed from now fails with ``status`` (default EXCEPTION)."""
+        from .hsa_bindings import types as T
+        self.faults.queue_error_at(at, status=status or T.HSA_STATUS_ERROR_EXCEPTION, agent=gpu)
+
+    def memory_fault(self, at: int = 1, gpu: int | None = None) -> None:
+        self.faults.memory_fault_at(at, agent=gpu)
+
+    def delay_completions(self, seconds: float, count: int | None = None) -> None:
+        self.faults.delay_completions(seconds, count)
+
+    def exhaust_sdma(self, gpu: int | None = None) -> None:
+        self.faults.exhaust_sdma(gpu)
+
+    def restore_sdma(self, gpu: int | None = None) -> None:
+        self.faults.restore_sdma(gpu)
+
+    def eager(self, on: bool = True) -> None:
+        self.faults.eager = on
+
+
+@pytest.fixture
+def inject(gpu_runtime: Any) -> Injector:
+    """Fault injection for ``gpu_runtime`` (emulator only)."""
+    return Injector(gpu_runtime)
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "aiogpu(**options): options for the gpu_runtime fixture")
