@@ -20,6 +20,7 @@ from .errors import GPUError, WatchdogTimeout
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
+VALUE_OFFSET = T.amd_signal_t.value.offset
 
 # The futures submitted in this context are appended here when a TaskGroup is active.
 submission_scope: contextvars.ContextVar[list | None] = contextvars.ContextVar("aiogpu_scope", default=None)
@@ -187,6 +188,7 @@ class SignalPool:
         self._api = api
         self._free: list[int] = []
         self._refs: dict[int, int] = {}
+        self.views: dict[int, ctypes.c_int64] = {}  # handle -> the value word in memory
         self.created = 0
 
     def acquire(self) -> int:
@@ -197,6 +199,8 @@ class SignalPool:
             sig = T.hsa_signal_t()
             self._api.check(self._api.hsa_signal_create(1, 0, None, ctypes.byref(sig)), "hsa_signal_create")
             handle = sig.handle
+            # A signal handle is the address of its amd_signal_t; the value is at offset 8.
+            self.views[handle] = ctypes.c_int64.from_address(handle + VALUE_OFFSET)
             self.created += 1
         self._refs[handle] = 1
         return handle
@@ -221,6 +225,7 @@ class SignalPool:
             self._api.hsa_signal_destroy(T.hsa_signal_t(handle))
         self._free.clear()
         self._refs.clear()
+        self.views.clear()
 
 
 class CompletionHub:
@@ -240,6 +245,7 @@ class CompletionHub:
         self._pending: dict[int, GPUFuture] = {}
         self._events: deque[Callable[[], None]] = deque()
         self._dirty = True
+        self._woken = False
         self._stop = False
         self._wake = self._create_wake_signal()
         self._freq = self._timestamp_frequency()
@@ -257,7 +263,9 @@ class CompletionHub:
             scope.append(fut)
         self._pending[fut.signal] = fut
         self._dirty = True
-        self.wake()
+        if not self._woken:      # one wake-up covers every registration until the next scan
+            self._woken = True
+            self.wake()
         return fut
 
     def depend(self, fut: GPUFuture, on: GPUFuture, *, semantic: bool = True) -> None:
@@ -342,6 +350,7 @@ class CompletionHub:
             api.hsa_amd_signal_wait_any(n, sigs, conds, vals, timeout, T.HSA_WAIT_STATE_BLOCKED, None)
             # Level-triggered: reset the wake signal first, then look at everything.
             api.hsa_signal_store_relaxed(T.hsa_signal_t(self._wake), 0)
+            self._woken = False
             self.wakeups += 1
             self._scan()
 
@@ -356,13 +365,23 @@ class CompletionHub:
         return n, sigs, conds, vals
 
     def _scan(self) -> None:
+        """Look at every pending signal: a cheap read of each value word outside the lock, then,
+        under the lock, an acquire load (``hsa_signal_load_scacquire``) of each that looks done
+        before its future is resolved."""
         while self._events:
             self._run_event(self._events.popleft())
+        with self.lock:
+            snapshot = list(self._pending.items())
+        views = self.pool.views
+        candidates = [(h, f) for h, f in snapshot if views[h].value < 1]
+        if not candidates and self.watchdog_s is None:
+            return
         load = self.api.hsa_signal_load_scacquire
         posts: dict[Any, list] = {}
         with self.lock:
-            done = [f for h, f in self._pending.items() if load(T.hsa_signal_t(h)) < 1]
-            for fut in done:
+            for handle, fut in candidates:
+                if self._pending.get(handle) is not fut or load(T.hsa_signal_t(handle)) >= 1:
+                    continue
                 if fut._state == PENDING:
                     self._finish(fut, None, posts)
                 else:

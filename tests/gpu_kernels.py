@@ -1,6 +1,7 @@
 """Kernels the tests launch; their NumPy bodies are the oracle."""
 from __future__ import annotations
 
+import threading
 import time
 
 import aiogpu
@@ -39,3 +40,29 @@ def scale(launch, y, a, n):
 @aiogpu.kernel("i64*, const i64*, u32")
 def add_into(launch, dst, src, n):
     dst[:n] += src[:n]
+
+
+GATES: dict[int, "threading.Event"] = {}
+
+
+@aiogpu.kernel("u32")
+def wait_gate(launch, key):
+    """Blocks the device until the test opens gate ``key``: deterministic 'slow' work."""
+    GATES[int(key)].wait(30)
+
+
+class Gate:
+    """A device-side gate the test opens: ``gate.launch(dev)`` then ``gate.open()``."""
+
+    _next = 0
+
+    def __init__(self):
+        Gate._next += 1
+        self.key = Gate._next
+        GATES[self.key] = threading.Event()
+
+    def launch(self, device, **kw):
+        return device.launch(wait_gate, grid=(1,), block=(1,), args=(self.key,), **kw)
+
+    def open(self):
+        GATES[self.key].set()

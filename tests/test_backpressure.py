@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from gpu_kernels import sleep_ms, slow_increment
+from gpu_kernels import Gate, sleep_ms, slow_increment
 
 
 @pytest.mark.asyncio
@@ -16,10 +16,13 @@ async def test_tiny_ring_takes_a_thousand_launches_without_blocking(make_runtime
     rt = make_runtime(ring_size=4, queues_per_device=1, gpus=1)
     d0 = rt.devices[0]
     assert d0.queues[0].size == 4
+    gate = Gate()
+    held = gate.launch(d0)
     t0 = time.perf_counter()
-    futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)) for _ in range(1000)]
+    futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(1000)]
     submit_s = time.perf_counter() - t0
-    assert len(d0.queues[0].backlog) > 10, "a ring of 4 should have parked launches in the back-log"
+    assert len(d0.queues[0].backlog) >= 996, "a ring of 4 should have parked all but 3 launches"
+    gate.open()
     # The loop stays responsive while the back-log drains.
     ticks = 0
     while not all(f.done() for f in futs):

@@ -143,24 +143,31 @@ async def test_thousands_of_concurrent_futures(rt):
 
 @pytest.mark.asyncio
 async def test_completions_reach_a_loop_in_batches(rt):
+    """One thread-safe call per loop per waiter wake-up, however many futures completed."""
     loop = asyncio.get_running_loop()
-    calls = 0
+    batches = []
     original = loop.call_soon_threadsafe
 
-    def counting(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        return original(*args, **kwargs)
+    def counting(callback, *args, **kwargs):
+        batches.append(len(args[0]) if args and isinstance(args[0], list) else 1)
+        return original(callback, *args, **kwargs)
 
+    d0, d1 = rt.devices
+    gate = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(300,))
+    # 200 launches spread over every queue of both devices, all held back by one gate.
+    futs = [d.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[gate])
+            for _ in range(100) for d in (d0, d1)]
+    awaiting = [asyncio.ensure_future(_await(f)) for f in futs]
+    await asyncio.sleep(0.05)            # every task is parked on its future
+    wakeups = rt.hub.wakeups
     loop.call_soon_threadsafe = counting
     try:
-        d0 = rt.devices[0]
-        gate = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(200,))
-        futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[gate]) for _ in range(200)]
-        await asyncio.gather(*(asyncio.ensure_future(_await(f)) for f in futs))
+        await asyncio.gather(*awaiting)
     finally:
         del loop.call_soon_threadsafe
-    assert calls < 200 / 4, f"{calls} thread-safe calls for 200 completions"
+    assert sum(batches) >= 200
+    assert len(batches) <= rt.hub.wakeups - wakeups, "more thread-safe calls than waiter wake-ups"
+    assert max(batches) > 1, "completions were never batched"
 
 
 async def _await(f):

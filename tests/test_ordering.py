@@ -83,9 +83,9 @@ async def test_dependent_work_waits_on_the_device_not_the_host(rt):
 @pytest.mark.asyncio
 async def test_after_with_many_dependencies_chains_barrier_packets(rt):
     d0, d1 = rt.devices
-    gates = [d1.launch(sleep_ms, grid=(1,), block=(1,), args=(5 + i,)) for i in range(12)]
     out = d0.alloc(8)
     await aiogpu.copy(out, np.zeros(1, np.int64))
+    gates = [d1.launch(sleep_ms, grid=(1,), block=(1,), args=(100 + i,)) for i in range(12)]
     f = d0.launch(slow_increment, grid=(1,), block=(1,), args=(out,), after=gates)
     await f
     barriers = [r for r in timeline(rt) if r.kind == "barrier" and r.agent == d0.index]
