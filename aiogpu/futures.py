@@ -1,0 +1,383 @@
+"""GPU futures and the hub that settles them: backend-neutral.
+
+A ``GPUFuture`` is the completion of GPU work. A ``FutureHub`` owns the runtime's one lock, the
+pending futures, and the rules every backend shares: a future settles once; a failure spreads to
+the futures that depend on it; a future's resources are freed when the device has *retired* its
+work (which, for a failed future, may be later than its failure); awaiters are woken in batches,
+one thread-safe call per event loop (see ``_loops``). Backends subclass the hub with a waiter
+thread that observes their completion objects (HSA signals in ``signals.py``, CUDA events).
+"""
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from . import _loops
+from .errors import GPUError
+
+log = logging.getLogger("aiogpu")
+
+# The futures submitted in this context are appended here when a TaskGroup is active.
+submission_scope: contextvars.ContextVar[list | None] = contextvars.ContextVar("aiogpu_scope", default=None)
+PENDING, DONE, FAILED = 0, 1, 2
+
+
+class GPUFuture:
+    """The completion of work submitted to a GPU.
+
+    Awaitable under asyncio, uvloop and trio (through anyio); ``wait(timeout)`` blocks a plain
+    thread. Cancelling a task that awaits it detaches that awaiter only: the GPU work runs on and
+    keeps its buffers alive until it has retired. A future may be passed in ``after=`` of later
+    work, which then waits for it on the device.
+    """
+
+    __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
+                 "_dependents", "_dep_signals", "retired", "label", "value", "device", "queue", "packet", "submitted_at", "keep",
+                 "__weakref__")
+
+    def __init__(self, hub: "CompletionHub | None", label: str = "", *, signal: int = 0):
+        self._hub = hub
+        self._state = PENDING
+        self._exc: BaseException | None = None
+        self.signal = signal            # HSA signal handle (0: not backed by a signal)
+        self._ports: dict[Any, list] = {}
+        self._event: threading.Event | None = None
+        self._callbacks: list[tuple[Any, Callable]] = []
+        self._cleanup: list[Callable[[], None]] = []
+        self._dependents: list[GPUFuture] = []
+        self._dep_signals: list[int] = []   # signals of other futures that our packets name
+        self.retired = signal == 0          # the device is done with it (resources freed)
+        self.label = label
+        self.value: Any = None            # what result() returns (an array for to_numpy)
+        self.device: Any = None           # the device whose queue or engine runs it
+        self.queue: str | None = None     # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
+        self.packet: int | None = None    # packet index of the completion packet in that queue
+        self.submitted_at = time.monotonic()
+        self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
+
+    # -- state -------------------------------------------------------------------------------
+    def done(self) -> bool:
+        """True once the work has completed or failed."""
+        return self._state != PENDING
+
+    def result(self) -> Any:
+        """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError."""
+        if self._state == PENDING:
+            raise InvalidStateError(f"{self!r} is not done")
+        if self._exc is not None:
+            raise self._exc
+        return self.value
+
+    def exception(self) -> BaseException | None:
+        """The failure (a GPUError), None on success; InvalidStateError while pending."""
+        if self._state == PENDING:
+            raise InvalidStateError(f"{self!r} is not done")
+        return self._exc
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block this (non-event-loop) thread until done or ``timeout`` seconds; returns done()."""
+        if self._state != PENDING:
+            return True
+        hub = self._hub
+        with hub.lock:
+            if self._state != PENDING:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def add_done_callback(self, fn: Callable[["GPUFuture"], Any]) -> None:
+        """Call ``fn(self)`` once done: on the calling event loop if there is one, else on the
+        runtime's waiter thread (keep such callbacks short and non-blocking)."""
+        port = _loops.current_port()
+        if self._hub is None or self._state != PENDING:
+            self._run_callback(port, fn)
+            return
+        with self._hub.lock:
+            if self._state == PENDING:
+                self._callbacks.append((port, fn))
+                return
+        self._run_callback(port, fn)
+
+    def _run_callback(self, port: Any, fn: Callable) -> None:
+        if port is None:
+            fn(self)
+        else:
+            port.post([_CallbackAwaiter(fn, self)])
+
+    def __await__(self):
+        if self._state == PENDING:
+            port = _loops.current_port()
+            if port is None:
+                raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
+                                   "use .wait() in synchronous code")
+            hub = self._hub
+            if hub.spin_s > 0 and isinstance(port, _loops.AsyncioPort):
+                yield from hub.spin(self)
+            if self._state == PENDING:
+                yield from port.wait(lambda a: self._register(port, a),
+                                     lambda a: self._unregister(port, a))
+        return self.result()
+
+    def _register(self, port: Any, awaiter: Any) -> None:
+        with self._hub.lock:
+            if self._state == PENDING:
+                self._ports.setdefault(port, []).append(awaiter)
+                return
+        port.post([awaiter])  # finished meanwhile: wake at once
+
+    def _unregister(self, port: Any, awaiter: Any) -> None:
+        with self._hub.lock:
+            waiters = self._ports.get(port)
+            if waiters and awaiter in waiters:
+                waiters.remove(awaiter)
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "failed")[self._state]
+        where = f" on {self.queue}" if self.queue else ""
+        return f"<GPUFuture {self.label or '?'}{where} {state}>"
+
+
+class InvalidStateError(RuntimeError):
+    """result()/exception() of a future that is still pending."""
+
+
+class _CallbackAwaiter:
+    """A done-callback delivered through a port like an awaiter."""
+
+    __slots__ = ("fn", "fut")
+
+    def __init__(self, fn: Callable, fut: GPUFuture):
+        self.fn, self.fut = fn, fut
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, _value: Any) -> None:
+        self.fn(self.fut)
+
+    def __getitem__(self, i: int) -> Any:  # trio ports use [task, woken] cells
+        raise TypeError
+
+
+def completed_future(hub: "CompletionHub | None", label: str = "",
+                     exc: BaseException | None = None) -> GPUFuture:
+    """A future that is already done (or failed with ``exc``)."""
+    fut = GPUFuture(hub, label)
+    fut._state = FAILED if exc is not None else DONE
+    fut._exc = exc
+    return fut
+
+
+class FutureHub:
+    """Pending futures and how they settle; subclasses add the waiter that observes them.
+
+    ``lock`` is the runtime's one lock: it guards future state here and the submission state of
+    the layers above (they hold it while they submit), so that a completion is never processed
+    halfway through a submission that depends on it. A subclass implements ``wake``, ``_run``
+    (the waiter thread's loop) and ``release_key`` (recycle a completion object).
+    """
+
+    def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
+        self.lock = threading.RLock()
+        self.watchdog_s = watchdog_s
+        self.spin_s = spin_s
+        self._pending: dict[int, GPUFuture] = {}
+        self._events: deque[Callable[[], None]] = deque()
+        self._dirty = True
+        self._woken = False
+        self._stop = False
+        self.wakeups = 0
+        self.leaked: list[GPUFuture] = []   # futures failed by the watchdog, never recycled
+        self.owner: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="aiogpu-waiter", daemon=True)
+        self._thread.start()
+
+    # -- for subclasses ----------------------------------------------------------------------------
+    def wake(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def release_key(self, key: int) -> None:
+        """The completion object ``key`` may be reused (nobody reads it any more)."""
+
+    def force_complete(self, key: int) -> None:
+        """Make ``key`` read as complete, so device work waiting on it proceeds."""
+
+    # -- used by the layers above --------------------------------------------------------------
+    def watch(self, fut: GPUFuture) -> GPUFuture:
+        """Start watching a pending future whose ``signal`` is set (call under lock)."""
+        scope = submission_scope.get()
+        if scope is not None:
+            scope.append(fut)
+        self._pending[fut.signal] = fut
+        self._dirty = True
+        if not self._woken:      # one wake-up covers every registration until the next scan
+            self._woken = True
+            self.wake()
+        return fut
+
+    def post_event(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the waiter thread soon; safe from any thread, including driver threads."""
+        self._events.append(fn)
+        self.wake()
+
+    def fail(self, fut: GPUFuture, exc: BaseException) -> None:
+        """Fail ``fut`` and, transitively, everything that depends on it (call under lock).
+
+        Its resources stay held, and its completion stays watched, until it retires: for a
+        future whose work will never run (a dead queue) the caller then uses ``retire_failed``.
+        """
+        posts: dict[Any, list] = {}
+        self._finish(fut, exc, posts)
+        self._post(posts)
+
+    def retire_failed(self, fut: GPUFuture) -> None:
+        """A failed future whose work can no longer run (its queue is destroyed): mark its
+        completion object complete, so that work waiting on it elsewhere proceeds rather than
+        stalls (that work's futures have failed already), and free what it held (under lock)."""
+        if fut._state == FAILED and not fut.retired:
+            if fut.signal:
+                self.force_complete(fut.signal)
+            self._retire(fut)
+
+    def discard(self, fut: GPUFuture) -> None:
+        """Forget a future whose work was never submitted (under lock)."""
+        for key in fut._dep_signals:
+            self.release_key(key)
+        fut._dep_signals = []
+        if fut.signal and self._pending.pop(fut.signal, None) is not None:
+            self._dirty = True
+            self.release_key(fut.signal)
+        fut.signal, fut.retired = 0, True
+
+    def pending_futures(self) -> list[GPUFuture]:
+        with self.lock:
+            return list(self._pending.values())
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    def stop(self) -> None:
+        self._stop = True
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run_event(self, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception:  # an event must never kill the waiter
+            log.exception("waiter event failed")
+
+    def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
+        """Resolve or retire futures whose completion objects read complete (waiter thread)."""
+        posts: dict[Any, list] = {}
+        with self.lock:
+            for key, fut in completed:
+                if self._pending.get(key) is not fut:
+                    continue
+                if fut._state == PENDING:
+                    self._finish(fut, None, posts)
+                else:
+                    self._retire(fut)
+            if self.watchdog_s is not None:
+                self._check_watchdog(posts)
+        self._post(posts)
+
+    def _check_watchdog(self, posts: dict) -> None:
+        from .errors import WatchdogTimeout
+
+        deadline = time.monotonic() - self.watchdog_s
+        for fut in [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline]:
+            exc = WatchdogTimeout(f"{fut.label} on {fut.queue}: no completion within "
+                                  f"{self.watchdog_s:g} s (lost or stalled completion)",
+                                  queue=fut.queue, packet=fut.packet)
+            self._finish(fut, exc, posts)
+            # Its work may still complete late: never recycle what it names (a deliberate,
+            # counted leak), but mark it complete so that work waiting on it proceeds.
+            self._pending.pop(fut.signal, None)
+            self._dirty = True
+            self.leaked.append(fut)
+            self.force_complete(fut.signal)
+
+    # -- completion ----------------------------------------------------------------------------
+    def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
+        """Settle the user-visible state; retire at once on success (the signal said so)."""
+        if fut._state != PENDING:
+            return
+        fut._state = FAILED if exc is not None else DONE
+        fut._exc = exc
+        for port, awaiters in fut._ports.items():
+            posts.setdefault(port, []).extend(awaiters)
+        fut._ports = {}
+        for port, fn in fut._callbacks:
+            posts.setdefault(port, []).append(_CallbackAwaiter(fn, fut))
+        fut._callbacks = []
+        if fut._event is not None:
+            fut._event.set()
+        if exc is None:
+            self._retire(fut)
+        else:
+            self._propagate(fut, exc, posts)
+
+    def _retire(self, fut: GPUFuture) -> None:
+        """The work has retired on the device: free what it held, recycle its signal."""
+        if fut.retired:
+            return
+        fut.retired = True
+        if fut.signal and self._pending.pop(fut.signal, None) is not None:
+            self._dirty = True
+        for fn in fut._cleanup:
+            fn()
+        fut._cleanup = []
+        for key in fut._dep_signals:
+            self.release_key(key)
+        fut._dep_signals = []
+        if fut.signal:
+            self.release_key(fut.signal)
+        fut.keep = []
+        fut._dependents = []
+
+    def _propagate(self, fut: GPUFuture, exc: BaseException, posts: dict) -> None:
+        # Dependents fail now; their packets still run (on a released signal) and retire later.
+        for dep in fut._dependents:
+            err = GPUError(f"{dep.label}: a dependency failed ({fut.label}: {exc})",
+                           status=getattr(exc, "status", None), queue=dep.queue, packet=dep.packet)
+            err.__cause__ = exc
+            self._finish(dep, err, posts)
+        fut._dependents = []
+
+    def _post(self, posts: dict) -> None:
+        for port, awaiters in posts.items():
+            if port is None:
+                for a in awaiters:
+                    self._run_event(lambda a=a: a.set_result(None))
+            else:
+                port.post(awaiters)
+
+    # -- latency: a short spin on the loop before parking on the waiter -------------------------
+    def spin(self, fut: GPUFuture):
+        """Poll ``fut``'s completion for up to ``spin_s`` seconds on an asyncio loop, yielding to
+        the loop in between; settles it at once when done (no thread hand-off)."""
+        deadline = time.perf_counter() + self.spin_s
+        key = fut.signal
+        while fut._state == PENDING and key and time.perf_counter() < deadline:
+            if self.is_complete(key):
+                self._settle([(key, fut)])
+                break
+            yield
+
+    def is_complete(self, key: int) -> bool:
+        return False
