@@ -134,11 +134,13 @@ class Graph:
     def record_gather(self, futures: list) -> GraphNode:
         return self._add("gather", {}, futures, [], [], "gather")
 
-    def instantiate(self) -> "GraphExec":
-        """Build the per-queue packet lists once; launch the result any number of times."""
+    def instantiate(self) -> Any:
+        """Build the graph's executable once (HSA: per-queue packet lists; CUDA: a CUDA graph);
+        launch the result any number of times."""
         if not self.nodes:
             raise ValueError("an empty graph cannot be instantiated")
-        return GraphExec(self)
+        custom = getattr(self.runtime, "instantiate_graph", None)
+        return custom(self) if custom is not None else GraphExec(self)
 
 
 @dataclass

@@ -27,12 +27,44 @@ from .signals import CompletionHub, GPUFuture, completed_future
 KERNARG_RING_BYTES = 256 << 10
 
 
+BACKENDS = ("hsa", "emulator", "cuda")
+
+
+def resolve_backend(backend: str | None) -> str | None:
+    """The backend asked for (argument, else AIOGPU_BACKEND), or None for auto."""
+    backend = backend or os.environ.get("AIOGPU_BACKEND") or None
+    if backend not in (None, "auto", *BACKENDS):
+        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    return None if backend == "auto" else backend
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether the CUDA backend can run here, and why not."""
+    try:
+        from .cuda import probe
+    except ImportError as exc:
+        return False, f"aiogpu.cuda unavailable ({exc})"
+    return probe()
+
+
 class Runtime:
-    """A GPU runtime over one backend. ``close()`` waits for submitted work, then frees all."""
+    """A GPU runtime over one backend. ``close()`` waits for submitted work, then frees all.
+
+    ``Runtime("cuda")`` (or auto-selection finding an NVIDIA GPU) returns the CUDA runtime, which
+    has the same interface; otherwise this HSA runtime, on ROCr or the emulator.
+    """
+
+    def __new__(cls, backend: str | None = None, **options: Any) -> Any:
+        if cls is Runtime:
+            chosen = resolve_backend(backend)
+            if chosen == "cuda" or (chosen is None and _auto_prefers_cuda()):
+                from .cuda.runtime import CudaRuntime
+                return CudaRuntime(**{k: v for k, v in options.items() if k in CudaRuntime.OPTIONS})
+        return super().__new__(cls)
 
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
                  watchdog_s: float | None = None, **emulator_options: Any):
-        self.api = loader.load(backend, **emulator_options)
+        self.api = loader.load(resolve_backend(backend), **emulator_options)
         self.backend = self.api.backend
         self.reason = self.api.reason
         self.closed = False
@@ -300,6 +332,15 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<Runtime {self.backend}: {len(self.devices)} GPU(s)>"
+
+
+def _auto_prefers_cuda() -> bool:
+    """Auto-selection: a real HSA GPU first, then an NVIDIA GPU, else the emulator."""
+    api, _why = loader.try_real()
+    if api is not None:
+        api.shut_down()
+        return False
+    return cuda_available()[0]
 
 
 def _where(side: Any) -> str:
