@@ -17,8 +17,9 @@ from .runtime import Runtime, runtime
 from .signals import GPUFuture, InvalidStateError
 from .structured import TaskGroup
 from .graph import Graph, GraphExec
+from .dataloader import Batch, Loader
 
-__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph", "GraphExec", "TaskGroup",
+__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph", "GraphExec", "TaskGroup", "Loader", "Batch",
            "copy", "gather", "GPUError", "RuntimeClosedError", "WatchdogTimeout", "InvalidStateError"]
 __version__ = "0.1.0"
 

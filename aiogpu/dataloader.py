@@ -1,0 +1,189 @@
+"""``aiogpu.Loader``: an async multi-GPU data loader with bounded prefetch and no thread pool.
+
+    async with aiogpu.Loader(batches, devices, prefetch=2) as loader:
+        async for batch in loader:
+            out = batch.device.launch(k, grid, block, args=(batch.data, ...), after=[batch.ready])
+            batch.release()          # its buffers may be reused; the device orders the reuse
+
+Host batches (NumPy arrays, or tuples/dicts of them) come from a sync or async iterable and are
+spread round-robin over the devices. Each is copied ahead on its device's host-to-device engine,
+at most ``prefetch`` batches per device in flight (back-pressure: the source is not read further
+until the consumer releases a batch). A batch's ``ready`` future completes when its copies have;
+pass it as ``after=`` so that compute waits on the device, not on the host.
+
+A released batch's buffers go back to a pool at once: the next copy into them is ordered after
+the consumer's submitted work on the device (write after read), so a copy can never overwrite
+data a kernel still reads. Leaving the ``async with`` block cancels the producer and waits for
+the copies it started, so none is left writing into a buffer that someone else reuses.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Any, AsyncIterator, Iterable
+
+import anyio
+import numpy as np
+
+from .futures import GPUFuture
+from .memory import Buffer
+
+
+class Batch:
+    """One batch on one device. ``data`` mirrors the host batch's structure with Buffers."""
+
+    def __init__(self, loader: "Loader", index: int, device: Any, data: Any, buffers: list[Buffer],
+                 ready: GPUFuture):
+        self._loader = loader
+        self.index, self.device, self.data, self.ready = index, device, data, ready
+        self._buffers = buffers
+        self._released = False
+
+    def release(self) -> None:
+        """Give the buffers back for later batches (idempotent). Submit your work first."""
+        if not self._released:
+            self._released = True
+            self._loader._recycle(self)
+
+    async def __aenter__(self) -> "Batch":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<Batch {self.index} on {self.device.name}>"
+
+
+class Loader:
+    """Streams host batches into several GPUs; see the module docstring for the guarantees."""
+
+    def __init__(self, source: Iterable | AsyncIterator, devices: list, *, prefetch: int = 2,
+                 ordered: bool = True):
+        if not devices:
+            raise ValueError("Loader needs at least one device")
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+        self.source, self.devices = source, list(devices)
+        self.prefetch, self.ordered = prefetch, ordered
+        self._pool: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
+        self._slots: dict[int, anyio.Semaphore] = {}
+        self._inflight: list[GPUFuture] = []
+        self.batches = 0
+        self.allocated = 0
+        self._error: Exception | None = None
+
+    async def __aenter__(self) -> "Loader":
+        self._slots = {id(d): anyio.Semaphore(self.prefetch) for d in self.devices}
+        self._send, self._recv = anyio.create_memory_object_stream(self.prefetch * len(self.devices))
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._tg.start_soon(self._produce)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        # The body's own exception propagates untouched: the producer never raises (its errors
+        # reach the consumer through __anext__), so the task group exits cleanly.
+        self._tg.cancel_scope.cancel()
+        try:
+            await self._tg.__aexit__(None, None, None)
+        finally:
+            with anyio.CancelScope(shield=True):
+                for fut in self._inflight:
+                    if not fut.done():
+                        try:
+                            await fut
+                        except Exception:
+                            pass
+            self._recv.close()
+
+    def __aiter__(self) -> "Loader":
+        return self
+
+    async def __anext__(self) -> Batch:
+        try:
+            return await self._recv.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            if self._error is not None:
+                raise self._error
+            raise StopAsyncIteration from None
+
+    # -- producer ----------------------------------------------------------------------------
+    async def _produce(self) -> None:
+        try:
+            await self._produce_all()
+        except Exception as exc:  # handed to the consumer at its next __anext__
+            while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+                exc = exc.exceptions[0]
+            self._error = exc
+
+    async def _produce_all(self) -> None:
+        async with self._send:
+            async with anyio.create_task_group() as waiting:
+                index = 0
+                async for host in _aiterate(self.source):
+                    device = self.devices[index % len(self.devices)]
+                    await self._slots[id(device)].acquire()
+                    batch = self._upload(index, device, host)
+                    if self.ordered:
+                        await self._send.send(batch)
+                    else:
+                        waiting.start_soon(self._send_when_ready, batch)
+                    index += 1
+
+    async def _send_when_ready(self, batch: Batch) -> None:
+        try:
+            await batch.ready
+        except Exception:
+            pass  # the consumer sees the failure when it uses batch.ready
+        await self._send.send(batch)
+
+    def _upload(self, index: int, device: Any, host: Any) -> Batch:
+        buffers: list[Buffer] = []
+        copies: list[GPUFuture] = []
+
+        def put(arr: Any) -> Buffer:
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"batch {index}: expected NumPy arrays (or tuples/dicts of them), "
+                                f"got {type(arr).__name__}")
+            arr = np.ascontiguousarray(arr)
+            buf = self._take(device, arr.nbytes)
+            buffers.append(buf)
+            copies.append(device.runtime.copy(buf, arr))
+            return buf
+
+        data = _map_structure(put, host)
+        ready = copies[0] if len(copies) == 1 else device.runtime.gather(copies)
+        self._inflight = [f for f in self._inflight if not f.done()] + [ready]
+        self.batches += 1
+        return Batch(self, index, device, data, buffers, ready)
+
+    def _take(self, device: Any, nbytes: int) -> Buffer:
+        free = self._pool[(id(device), nbytes)]
+        if free:
+            return free.pop()
+        self.allocated += 1
+        return device.alloc(nbytes)
+
+    def _recycle(self, batch: Batch) -> None:
+        for buf in batch._buffers:
+            self._pool[(id(batch.device), buf.nbytes)].append(buf)
+        self._slots[id(batch.device)].release()
+
+
+async def _aiterate(source: Any) -> AsyncIterator:
+    if hasattr(source, "__aiter__"):
+        async for item in source:
+            yield item
+    else:
+        for item in source:
+            yield item
+            await anyio.sleep(0)  # a long sync source must not starve the loop
+
+
+def _map_structure(fn: Any, obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _map_structure(fn, v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_map_structure(fn, v) for v in obj)
+    return fn(obj)

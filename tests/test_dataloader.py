@@ -1,0 +1,115 @@
+"""aiogpu.Loader: prefetch, back-pressure, ordering modes, buffer recycling, cancellation."""
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+import aiogpu
+from gpu_kernels import scale
+
+
+def batches(n, size=256):
+    for i in range(n):
+        yield np.full(size, float(i), np.float32)
+
+
+async def consume(rt, loader, results):
+    async for batch in loader:
+        d = batch.device
+        f = d.launch(scale, grid=(256,), block=(256,), args=(batch.data, 2.0, 256), after=[batch.ready])
+        out = np.empty(256, np.float32)
+        done = aiogpu.copy(out, batch.data, after=[f])
+        batch.release()
+        await done
+        results.append((batch.index, d.name, float(out[0])))
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ordered_loader_feeds_two_gpus(rt, backend):
+    results = []
+
+    async def main():
+        async with aiogpu.Loader(batches(20), rt.devices, prefetch=2) as loader:
+            await consume(rt, loader, results)
+        assert loader.allocated <= 2 * len(rt.devices) + 2, "buffers were not recycled"
+
+    anyio.run(main, backend=backend)
+    assert [r[0] for r in results] == list(range(20))
+    assert {r[1] for r in results} == {"gpu0", "gpu1"}
+    assert all(r[2] == 2.0 * r[0] for r in results)
+
+
+def test_unordered_loader_yields_every_batch_once(rt):
+    results = []
+
+    async def main():
+        async with aiogpu.Loader(batches(12), rt.devices, prefetch=3, ordered=False) as loader:
+            await consume(rt, loader, results)
+
+    anyio.run(main)
+    assert sorted(r[0] for r in results) == list(range(12))
+    assert all(r[2] == 2.0 * r[0] for r in results)
+
+
+def test_back_pressure_bounds_how_far_the_source_is_read(rt):
+    read = []
+
+    def source():
+        for i in range(100):
+            read.append(i)
+            yield np.zeros(64, np.float32)
+
+    async def main():
+        async with aiogpu.Loader(source(), rt.devices, prefetch=2) as loader:
+            first = await loader.__anext__()
+            await anyio.sleep(0.2)          # the producer runs ahead as far as it may
+            ahead = len(read)
+            first.release()
+        return ahead
+
+    ahead = anyio.run(main)
+    assert ahead <= 2 * len(rt.devices) + 1, f"read {ahead} batches ahead with prefetch 2"
+
+
+def test_structured_batches_and_async_sources(rt):
+    async def source():
+        for i in range(4):
+            yield {"x": np.full(8, i, np.int32), "y": (np.full(4, -i, np.int64),)}
+
+    async def main():
+        seen = []
+        async with aiogpu.Loader(source(), rt.devices[:1]) as loader:
+            async for batch in loader:
+                async with batch:
+                    await batch.ready
+                    x = await batch.data["x"].to_numpy(np.int32)
+                    y = await batch.data["y"][0].to_numpy(np.int64)
+                    seen.append((int(x[0]), int(y[0])))
+        return seen
+
+    assert anyio.run(main) == [(i, -i) for i in range(4)]
+
+
+def test_leaving_early_waits_for_started_copies(rt):
+    async def main():
+        async with aiogpu.Loader(batches(50, size=1 << 16), rt.devices, prefetch=4) as loader:
+            async for batch in loader:
+                break
+        return loader
+
+    loader = anyio.run(main)
+    assert all(f.done() for f in loader._inflight)
+    assert rt.hub.pending_count == 0
+
+
+def test_bad_batches_raise_clear_errors(rt):
+    async def main():
+        async with aiogpu.Loader([[1, 2, 3]], rt.devices) as loader:
+            async for _ in loader:
+                pass
+
+    with pytest.raises(TypeError, match="expected NumPy arrays"):
+        anyio.run(main)
+    with pytest.raises(ValueError, match="prefetch"):
+        aiogpu.Loader([], rt.devices, prefetch=0)
