@@ -18,8 +18,9 @@ from .signals import GPUFuture, InvalidStateError
 from .structured import TaskGroup
 from .graph import Graph, GraphExec
 from .dataloader import Batch, Loader
+from .trace import trace
 
-__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph", "GraphExec", "TaskGroup", "Loader", "Batch",
+__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph", "GraphExec", "TaskGroup", "Loader", "Batch", "trace",
            "copy", "gather", "GPUError", "RuntimeClosedError", "WatchdogTimeout", "InvalidStateError"]
 __version__ = "0.1.0"
 

@@ -175,7 +175,7 @@ class Device:
             return completed_future(rt.hub, label, err)
         queue = self._pick_queue(deps)
         fut = rt.hub.new_future(label)
-        fut.device = self
+        fut.device, fut.kind = self, "dispatch"
         packets, barrier = self._wait_packets(fut, queue, deps)
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)

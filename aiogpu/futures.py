@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any, Callable
 
 from . import _loops
+from . import trace as _trace
 from .errors import GPUError
 
 log = logging.getLogger("aiogpu")
@@ -36,7 +37,7 @@ class GPUFuture:
     """
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
-                 "_dependents", "_dep_signals", "retired", "label", "value", "device", "queue", "packet", "submitted_at", "keep",
+                 "_dependents", "_dep_signals", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
                  "__weakref__")
 
     def __init__(self, hub: "CompletionHub | None", label: str = "", *, signal: int = 0):
@@ -53,6 +54,8 @@ class GPUFuture:
         self.retired = signal == 0          # the device is done with it (resources freed)
         self.label = label
         self.value: Any = None            # what result() returns (an array for to_numpy)
+        self.kind = ""                    # "dispatch", "copy", "join", "graph" (for traces)
+        self.nbytes = 0                   # bytes moved (copies)
         self.device: Any = None           # the device whose queue or engine runs it
         self.queue: str | None = None     # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
         self.packet: int | None = None    # packet index of the completion packet in that queue
@@ -214,6 +217,10 @@ class FutureHub:
     def force_complete(self, key: int) -> None:
         """Make ``key`` read as complete, so device work waiting on it proceeds."""
 
+    def device_times(self, fut: GPUFuture) -> tuple[int, int] | None:
+        """(start, end) of ``fut``'s work on the device in host monotonic ns, if known."""
+        return None
+
     # -- used by the layers above --------------------------------------------------------------
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching a pending future whose ``signal`` is set (call under lock)."""
@@ -319,6 +326,8 @@ class FutureHub:
             return
         fut._state = FAILED if exc is not None else DONE
         fut._exc = exc
+        if _trace.active is not None and fut.signal:
+            _trace.active.record(fut, self.device_times(fut))
         for port, awaiters in fut._ports.items():
             posts.setdefault(port, []).extend(awaiters)
         fut._ports = {}

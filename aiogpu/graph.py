@@ -391,6 +391,7 @@ class GraphExec:
         for node, engine in self.engine_of.items():
             parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
         replay = hub.new_future(label)
+        replay.kind = "graph"
         first_dev = next(iter(self.lanes.values())).device if self.lanes else self.runtime.devices[0]
         replay.device = first_dev
         for part in parts:
@@ -423,7 +424,7 @@ class GraphExec:
             if i is not None:
                 headers[i] = (headers[i] & 0xFFFF) | len(p["grid"]) << 16
         segment = hub.new_future(f"graph lane {lane.queue.name} (replay {self.replays})")
-        segment.device = lane.device
+        segment.device, segment.kind = lane.device, "graph"
         waits = []
         for i, slot, dep in lane.waits:
             fut = node_futs[dep]
@@ -441,7 +442,7 @@ class GraphExec:
         marks = [(node_futs[n], offset + i) for i, n in lane.completions]
         kernargs = {offset + i: data for i, data in kernargs.items()}
         for fut, _ in marks:
-            fut.device = lane.device
+            fut.device, fut.kind = lane.device, "dispatch"
         lane.device._track(segment, lane.queue, [], [], [])
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs))
         for fut, _ in marks:      # node futures retire with their lane
@@ -452,7 +453,7 @@ class GraphExec:
         rt, hub = self.runtime, self.runtime.hub
         fut = node_futs[node]
         dev = self._copy_device(node)
-        fut.device = dev
+        fut.device, fut.kind, fut.nbytes = dev, "copy", node.op["dst"].nbytes
         src, dst = node.op["src"], node.op["dst"]
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
         src_agent, dst_agent = self._copy_agents(node)

@@ -210,7 +210,7 @@ class Runtime:
         engine = device.engines.pick(dst_agent, src_agent)
         if engine is not None:
             fut = self.hub.new_future(label)
-            fut.device = device
+            fut.device, fut.kind, fut.nbytes = device, "copy", nbytes
             live = [d for d in deps if not d.retired]
             for dep in live:
                 self.hub.depend(fut, dep, semantic=deps[dep])
@@ -229,6 +229,7 @@ class Runtime:
         shader = device.dispatch(device.loaded(copy_kernel), label + " (shader)", (max(nbytes, 1),), (256,),
                                  [dst_ptr, src_ptr, nbytes], [nbytes, nbytes], [], [], after,
                                  extra_reads=[src_state], extra_writes=[dst_state], keep=keep + keep2)
+        shader.kind, shader.nbytes = "copy", nbytes
         if shader.retired:
             unlock()
         else:
@@ -273,7 +274,7 @@ class Runtime:
             device = next((f.device for f in live if f.device is not None), self.devices[0])
             queue = device.queues[0]
             fut = self.hub.new_future(f"gather of {len(futures)}")
-            fut.device = device
+            fut.device, fut.kind = device, "join"
             for dep in live:
                 self.hub.depend(fut, dep)
             packets = barrier_and_packets([d.signal for d in live], fut.signal)

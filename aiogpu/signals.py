@@ -105,6 +105,16 @@ class CompletionHub(FutureHub):
     def force_complete(self, key: int) -> None:
         self.api.hsa_signal_store_screlease(T.hsa_signal_t(key), 0)
 
+    def device_times(self, fut: GPUFuture) -> tuple[int, int] | None:
+        """Dispatch timestamps from the signal (the emulator's clock is the host's monotonic
+        clock; ROCr's ticks would need converting, so only the emulator's are used)."""
+        if self.api.backend != "emulator" or fut.device is None:
+            return None
+        t = T.hsa_amd_profiling_dispatch_time_t()
+        status = self.api.hsa_amd_profiling_get_dispatch_time(fut.device.agent, T.hsa_signal_t(fut.signal),
+                                                               ctypes.byref(t))
+        return (t.start, t.end) if status == 0 and t.end else None
+
     def is_complete(self, key: int) -> bool:
         return self.api.hsa_signal_load_scacquire(T.hsa_signal_t(key)) < 1
 

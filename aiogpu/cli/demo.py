@@ -64,12 +64,18 @@ async def pipeline(rt: aiogpu.Runtime, batches: int, in_flight: int = 4) -> dict
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
+
     rt = aiogpu.Runtime(args.backend)
+    tracing = aiogpu.trace(args.trace) if args.trace else contextlib.nullcontext()
     try:
         print(f"aiogpu demo on {rt.backend} ({rt.reason}); {len(rt.devices)} GPU(s)")
-        summary = asyncio.run(pipeline(rt, args.batches))
+        with tracing:
+            summary = asyncio.run(pipeline(rt, args.batches))
     finally:
         rt.close()
+    if args.trace:
+        print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     mb = summary["batches"] * N * 4 / 1e6
     print(f"{summary['batches']} batches, {summary['ops']} GPU operations in {summary['seconds']:.2f} s "
           f"({summary['ops'] / summary['seconds']:.0f} ops/s, {mb / summary['seconds']:.1f} MB/s of input)")
