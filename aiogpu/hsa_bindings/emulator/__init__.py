@@ -1,0 +1,545 @@
+"""An in-process HSA runtime: the functions of ``prototypes.PROTOTYPES`` over real memory.
+
+``EmulatedLibrary`` has one method per HSA function, named like it and taking its arguments as a
+ctypes callback of that prototype receives them (ints for scalars, handle structs by value,
+ctypes pointers, ints/None for ``void*``, bytes for ``char*``, CFUNCTYPE objects for callbacks).
+The loader wraps each method into a C function pointer, so the runtime calls the emulator exactly
+as it calls ``libhsa-runtime64``. Every method is guarded: an exception never reaches ctypes; an
+emulator bug is recorded in ``api_errors`` and reported as HSA_STATUS_ERROR (0 / None for
+functions that return no status).
+
+Behaviour follows ROCr (see the module of each part): ``agents``, ``memory``, ``signals``,
+``queues`` + ``packet_processor`` + ``dispatch`` + ``compute_units``, ``code_objects``, ``sdma``,
+``events``; ``faults`` injects failures and ``timeline`` records what ran.
+
+Beyond the HSA functions, for tests and tools:
+- ``faults``: FaultInjector (eager, queue_error_at, memory_fault_at, lose_completion_at,
+  delay_completions, exhaust_sdma / restore_sdma, reset; ``fired`` lists what fired);
+- ``timeline``: TimelineRecord(agent, queue, engine, kind, name, nbytes, start_ns, end_ns, packet)
+  for every completed packet and copy; ``chrome_trace()`` for a trace file;
+- ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
+- ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
+  with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
+  ``engine_history(gpu)`` (the copies each SDMA engine ran), ``gpu_agent(i)``.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import types as T
+from ..prototypes import PROTOTYPES
+from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
+from .agents import QUEUE_MAX_SIZE, Agent, AgentTable, StatusStrings, agent_info, system_info
+from .code_objects import CodeObjects
+from .compute_units import ComputeUnits
+from .context import Context
+from .events import MemoryFaultRecord, SystemEvents
+from .faults import FaultInjector, FaultRecord
+from .memory import MemoryFault, MemoryManager
+from .packet_processor import PacketProcessor, QueueErrorRecord
+from .queues import Queue, QueueTable
+from .sdma import CopyEngines, CopyRecord
+from .signals import Signal, SignalTable, timeout_seconds
+from .timeline import Timeline, TimelineRecord
+
+__all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
+           "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord"]
+
+_serials = itertools.count()
+_NO_INIT_CHECK = frozenset({"hsa_init", "hsa_shut_down", "hsa_status_string"})
+
+
+@dataclass(frozen=True)
+class ApiError:
+    """An exception inside the emulator (an HSA call or one of its threads), kept for tests."""
+
+    function: str
+    error: BaseException
+    traceback: str
+
+
+def hsa_function(method: Callable) -> Callable:
+    """Never let an exception escape into ctypes; StatusError becomes the returned status."""
+    name = method.__name__
+    restype = PROTOTYPES[name][0]
+    returns_status = restype is T.hsa_status_t
+    default = T.HSA_STATUS_ERROR if returns_status else (None if restype is None else 0)
+
+    @functools.wraps(method)
+    def guarded(self: "EmulatedLibrary", *args: Any) -> Any:
+        try:
+            if name not in _NO_INIT_CHECK and self._state is None:
+                raise StatusError(T.HSA_STATUS_ERROR_NOT_INITIALIZED, "hsa_init has not been called")
+            return method(self, *args)
+        except StatusError as exc:
+            if returns_status:
+                return exc.status
+            self._record(name, exc)
+            return default
+        except BaseException as exc:
+            self._record(name, exc)
+            return default
+
+    return guarded
+
+
+class _State:
+    """What hsa_init builds and hsa_shut_down tears down."""
+
+    def __init__(self, ctx: Context, copies_per_gpu: int) -> None:
+        self.ctx = ctx
+        self.queues = QueueTable()
+        self.copies = CopyEngines(ctx, copies_per_gpu)
+
+    def close(self) -> None:
+        """Stop and join every thread, then release signals, queue memory and allocations."""
+        queues = self.queues.all()
+        for q in queues:
+            q.processor.request_stop()
+        for q in queues:
+            q.processor.join()
+        for pool in self.ctx.compute:
+            pool.shutdown()
+        self.copies.shutdown()
+        for q in queues:
+            q.release()
+        self.ctx.signals.shutdown()
+        self.ctx.memory.release_all()
+
+
+class EmulatedLibrary:
+    """The emulated HSA library with ``gpus`` GPU agents (plus the CPU agent).
+
+    Options: ``sdma_engines`` per GPU (0..16), ``compute_units`` worker threads per GPU (how many
+    dispatches overlap), ``eager`` packet processor from the start, ``min_queue_size`` (a power of
+    two; HSA_AGENT_INFO_QUEUE_MIN_SIZE).
+    """
+
+    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, compute_units: int = 4, eager: bool = False,
+                 min_queue_size: int = 4) -> None:
+        if gpus < 0 or not 0 <= sdma_engines <= T.MAX_SDMA_ENGINES or compute_units < 1:
+            raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 16 and compute_units >= 1")
+        if min_queue_size < 1 or min_queue_size & (min_queue_size - 1) or min_queue_size > QUEUE_MAX_SIZE:
+            raise ValueError(f"min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
+        self.gpus, self.sdma_engines, self.compute_units = gpus, sdma_engines, compute_units
+        self.min_queue_size = min_queue_size
+        self.name = f"aiogpu-emu{next(_serials)}"
+        self.api_errors: list[ApiError] = []
+        self.queue_errors: list[QueueErrorRecord] = []
+        self.memory_faults: list[MemoryFaultRecord] = []
+        self.faults = FaultInjector(eager=eager)
+        self.timeline = Timeline()
+        self.faults.set_change_hook(self._wake_processors)
+        self._state: _State | None = None
+        self._init_count = 0
+        self._lock = threading.RLock()
+        self._strings = StatusStrings()
+
+    # ---- helpers for tests and tools (not HSA functions) ------------------------------------
+    def resolve(self, agent: Any, address: int, nbytes: int, write: bool = False) -> np.ndarray:
+        """What a kernel or copy on ``agent`` (GPU index, hsa_agent_t, or None for the CPU) sees at
+        [address, address + nbytes): a uint8 view of real memory, or MemoryFault."""
+        ctx = self._ctx()
+        if agent is not None and not isinstance(agent, int):
+            agent = ctx.agents.get(agent.handle).gpu
+        return ctx.memory.resolve(agent, address, nbytes, write)
+
+    def gpu_agent(self, index: int) -> T.hsa_agent_t:
+        return T.hsa_agent_t(self._ctx().agents.gpus[index].handle)
+
+    def engine_history(self, gpu: int) -> list[list[CopyRecord]]:
+        """Per SDMA engine of GPU ``gpu``, the copies it ran, in order."""
+        return [list(e.history) for e in self._require_state().copies.engines[gpu]]
+
+    @property
+    def initialized(self) -> bool:
+        return self._state is not None
+
+    # ---- runtime -----------------------------------------------------------------------------
+    @hsa_function
+    def hsa_init(self) -> int:
+        """Reference-counted like ROCr: the first call builds the agents, the last shut-down ends them."""
+        with self._lock:
+            if self._init_count == 0:
+                self._state = self._build()
+            self._init_count += 1
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_shut_down(self) -> int:
+        with self._lock:
+            require(self._init_count > 0, T.HSA_STATUS_ERROR_NOT_INITIALIZED, "not initialised")
+            self._init_count -= 1
+            if self._init_count:
+                return T.HSA_STATUS_SUCCESS
+            state, self._state = self._state, None
+        state.close()
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_status_string(self, status: int, out: Any) -> int:
+        require(out, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL status_string")
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = self._strings.address(status)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_system_get_info(self, attribute: int, value: int | None) -> int:
+        system_info(attribute, value)
+        return T.HSA_STATUS_SUCCESS
+
+    # ---- agents and memory -------------------------------------------------------------------
+    @hsa_function
+    def hsa_iterate_agents(self, callback: Any, data: Any) -> int:
+        return self._ctx().agents.iterate(callback, data)
+
+    @hsa_function
+    def hsa_agent_get_info(self, agent: T.hsa_agent_t, attribute: int, value: int | None) -> int:
+        agent_info(self._agent(agent), attribute, value, self.min_queue_size)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_agent_iterate_memory_pools(self, agent: T.hsa_agent_t, callback: Any, data: Any) -> int:
+        require(callback, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL callback")
+        for pool in self._ctx().memory.pools_of(self._agent(agent).handle):
+            status = callback(T.hsa_amd_memory_pool_t(pool.handle), data)
+            if status != T.HSA_STATUS_SUCCESS:
+                return status
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_memory_pool_get_info(self, pool: T.hsa_amd_memory_pool_t, attribute: int, value: int | None) -> int:
+        memory = self._ctx().memory
+        memory.pool_info(memory.pool(pool.handle), attribute, value)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_memory_pool_allocate(self, pool: T.hsa_amd_memory_pool_t, size: int, flags: int, ptr: Any) -> int:
+        require(ptr, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL ptr")
+        memory = self._ctx().memory
+        ptr[0] = memory.allocate(memory.pool(pool.handle), size)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_memory_pool_free(self, ptr: int | None) -> int:
+        self._ctx().memory.free(address_of(ptr))
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_agents_allow_access(self, num_agents: int, agents: Any, flags: Any, ptr: int | None) -> int:
+        require(num_agents > 0 and agents and ptr, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "no agents or NULL ptr")
+        gpus = [self._agent(agents[i]).gpu for i in range(num_agents)]
+        self._ctx().memory.allow_access([g for g in gpus if g is not None], address_of(ptr))
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_memory_lock(self, host_ptr: int | None, size: int, agents: Any, num_agent: int,
+                            agent_ptr: Any) -> int:
+        """Lock host memory for the given agents (all GPUs when agents is NULL and num_agent 0)."""
+        require(agent_ptr and bool(agents) == (num_agent > 0), T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                "agent_ptr NULL, or agents and num_agent disagree")
+        ctx = self._ctx()
+        listed = [self._agent(agents[i]) for i in range(num_agent)] if agents else ctx.agents.gpus
+        address = ctx.memory.lock(address_of(host_ptr), size, [a.gpu for a in listed if a.is_gpu])
+        agent_ptr[0] = address
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_memory_unlock(self, host_ptr: int | None) -> int:
+        self._ctx().memory.unlock(address_of(host_ptr))
+        return T.HSA_STATUS_SUCCESS
+
+    # ---- signals -----------------------------------------------------------------------------
+    @hsa_function
+    def hsa_signal_create(self, initial_value: int, num_consumers: int, consumers: Any, signal: Any) -> int:
+        return self._create_signal(initial_value, num_consumers, consumers, signal)
+
+    @hsa_function
+    def hsa_amd_signal_create(self, initial_value: int, num_consumers: int, consumers: Any, attributes: int,
+                              signal: Any) -> int:
+        """Attributes (AMD_GPU_ONLY, IPC, ...) are accepted; every emulated signal is host-visible."""
+        return self._create_signal(initial_value, num_consumers, consumers, signal)
+
+    @hsa_function
+    def hsa_signal_destroy(self, signal: T.hsa_signal_t) -> int:
+        self._ctx().signals.destroy(signal.handle)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_signal_load_scacquire(self, signal: T.hsa_signal_t) -> int:
+        return self._signal(signal).load()
+
+    @hsa_function
+    def hsa_signal_load_relaxed(self, signal: T.hsa_signal_t) -> int:
+        return self._signal(signal).load()
+
+    @hsa_function
+    def hsa_signal_store_relaxed(self, signal: T.hsa_signal_t, value: int) -> None:
+        self._signal(signal).store(value)
+
+    @hsa_function
+    def hsa_signal_store_screlease(self, signal: T.hsa_signal_t, value: int) -> None:
+        self._signal(signal).store(value)
+
+    @hsa_function
+    def hsa_signal_add_scacq_screl(self, signal: T.hsa_signal_t, value: int) -> None:
+        self._signal(signal).add(value)
+
+    @hsa_function
+    def hsa_signal_add_relaxed(self, signal: T.hsa_signal_t, value: int) -> None:
+        self._signal(signal).add(value)
+
+    @hsa_function
+    def hsa_signal_subtract_scacq_screl(self, signal: T.hsa_signal_t, value: int) -> None:
+        self._signal(signal).add(-value)
+
+    @hsa_function
+    def hsa_signal_subtract_relaxed(self, signal: T.hsa_signal_t, value: int) -> None:
+        self._signal(signal).add(-value)
+
+    @hsa_function
+    def hsa_signal_wait_scacquire(self, signal: T.hsa_signal_t, condition: int, compare_value: int,
+                                  timeout_hint: int, wait_state_hint: int) -> int:
+        """Blocks until the condition holds or the timeout passes; returns the observed value."""
+        s = self._signal(signal)
+        found = self._ctx().signals.wait_any([s], [condition], [compare_value], timeout_seconds(timeout_hint))
+        return found[1] if found is not None else s.load()
+
+    @hsa_function
+    def hsa_amd_signal_wait_any(self, signal_count: int, signals: Any, conds: Any, values: Any,
+                                timeout_hint: int, wait_hint: int, satisfying_value: Any) -> int:
+        """Index of the first satisfied (or destroyed) signal, UINT32_MAX on timeout."""
+        require(signal_count > 0 and signals and conds and values, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                "empty or NULL signal/condition/value arrays")
+        table = self._ctx().signals
+        found = table.wait_any([table.get(signals[i].handle) for i in range(signal_count)],
+                               [conds[i] for i in range(signal_count)], [values[i] for i in range(signal_count)],
+                               timeout_seconds(timeout_hint))
+        if found is None:
+            return UINT32_MAX
+        if satisfying_value:
+            satisfying_value[0] = found[1]
+        return found[0]
+
+    # ---- queues ------------------------------------------------------------------------------
+    @hsa_function
+    def hsa_queue_create(self, agent: T.hsa_agent_t, size: int, queue_type: int, callback: Any, data: Any,
+                         private_segment_size: int, group_segment_size: int, queue: Any) -> int:
+        require(queue, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL queue pointer")
+        state = self._require_state()
+        owner = self._agent(agent)
+        state.queues.validate(owner, size, queue_type, self.min_queue_size)
+        doorbell = state.ctx.signals.create(-1)
+        q = Queue(owner, state.queues.new_id(), size, queue_type, callback, data, doorbell)
+        q.processor = PacketProcessor(state.ctx, q)
+        state.queues.add(q)
+        q.processor.start()
+        queue[0] = q.pointer
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_queue_destroy(self, queue: Any) -> int:
+        state = self._require_state()
+        q = state.queues.get(queue)
+        state.queues.remove(q)
+        q.processor.stop()
+        state.ctx.signals.destroy(q.doorbell.address)
+        q.release()
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_queue_set_priority(self, queue: Any, priority: int) -> int:
+        """Accepted (one priority level is emulated); a suspended queue is INVALID_QUEUE, as in ROCr."""
+        q = self._queue(queue)
+        require(not q.processor.suspended, T.HSA_STATUS_ERROR_INVALID_QUEUE, "queue suspended by an error")
+        require(T.HSA_AMD_QUEUE_PRIORITY_LOW <= priority <= T.HSA_AMD_QUEUE_PRIORITY_HIGH,
+                T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"priority {priority}")
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_queue_load_write_index_scacquire(self, queue: Any) -> int:
+        return self._queue(queue).load_write_index()
+
+    @hsa_function
+    def hsa_queue_load_write_index_relaxed(self, queue: Any) -> int:
+        return self._queue(queue).load_write_index()
+
+    @hsa_function
+    def hsa_queue_store_write_index_screlease(self, queue: Any, value: int) -> None:
+        self._queue(queue).store_write_index(value)
+
+    @hsa_function
+    def hsa_queue_add_write_index_scacq_screl(self, queue: Any, value: int) -> int:
+        return self._queue(queue).add_write_index(value)
+
+    @hsa_function
+    def hsa_queue_cas_write_index_scacq_screl(self, queue: Any, expected: int, value: int) -> int:
+        return self._queue(queue).cas_write_index(expected, value)
+
+    @hsa_function
+    def hsa_queue_load_read_index_scacquire(self, queue: Any) -> int:
+        return self._queue(queue).load_read_index()
+
+    # ---- copies ------------------------------------------------------------------------------
+    @hsa_function
+    def hsa_amd_memory_async_copy(self, dst: int | None, dst_agent: T.hsa_agent_t, src: int | None,
+                                  src_agent: T.hsa_agent_t, size: int, num_dep_signals: int, dep_signals: Any,
+                                  completion_signal: T.hsa_signal_t) -> int:
+        return self._copy(dst, dst_agent, src, src_agent, size, num_dep_signals, dep_signals,
+                          completion_signal, None)
+
+    @hsa_function
+    def hsa_amd_memory_async_copy_on_engine(self, dst: int | None, dst_agent: T.hsa_agent_t, src: int | None,
+                                            src_agent: T.hsa_agent_t, size: int, num_dep_signals: int,
+                                            dep_signals: Any, completion_signal: T.hsa_signal_t,
+                                            engine_id: int, force_copy_on_sdma: bool) -> int:
+        return self._copy(dst, dst_agent, src, src_agent, size, num_dep_signals, dep_signals,
+                          completion_signal, engine_id)
+
+    @hsa_function
+    def hsa_amd_memory_copy_engine_status(self, dst_agent: T.hsa_agent_t, src_agent: T.hsa_agent_t,
+                                          engine_ids_mask: Any) -> int:
+        state = self._require_state()
+        mask = state.copies.status(self._agent(dst_agent), self._agent(src_agent))
+        store_out(engine_ids_mask, mask)
+        return T.HSA_STATUS_SUCCESS
+
+    # ---- code objects ------------------------------------------------------------------------
+    @hsa_function
+    def hsa_code_object_reader_create_from_memory(self, code_object: int | None, size: int, reader: Any) -> int:
+        handle = self._ctx().code.create_reader(address_of(code_object), size)
+        store_handle(reader, handle)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_code_object_reader_destroy(self, reader: T.hsa_code_object_reader_t) -> int:
+        self._ctx().code.destroy_reader(reader.handle)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_executable_create_alt(self, profile: int, rounding_mode: int, options: bytes | None,
+                                  executable: Any) -> int:
+        require(executable, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL executable")
+        store_handle(executable, self._ctx().code.create_executable())
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_executable_load_agent_code_object(self, executable: T.hsa_executable_t, agent: T.hsa_agent_t,
+                                              reader: T.hsa_code_object_reader_t, options: bytes | None,
+                                              loaded_code_object: Any) -> int:
+        gpu = self._agent(agent)
+        require(gpu.is_gpu, T.HSA_STATUS_ERROR_INVALID_AGENT, "code objects load on GPU agents")
+        handle = self._ctx().code.load(executable.handle, gpu.gpu, reader.handle)
+        if loaded_code_object:
+            loaded_code_object[0].handle = handle
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_executable_freeze(self, executable: T.hsa_executable_t, options: bytes | None) -> int:
+        self._ctx().code.freeze(executable.handle)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_executable_destroy(self, executable: T.hsa_executable_t) -> int:
+        self._ctx().code.destroy_executable(executable.handle)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_executable_get_symbol_by_name(self, executable: T.hsa_executable_t, symbol_name: bytes | None,
+                                          agent: Any, symbol: Any) -> int:
+        require(symbol_name is not None and symbol, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL name or symbol")
+        gpu = self._agent(agent[0]).gpu if agent else None
+        store_handle(symbol, self._ctx().code.symbol(executable.handle, symbol_name.decode(), gpu))
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_executable_symbol_get_info(self, symbol: T.hsa_executable_symbol_t, attribute: int,
+                                       value: int | None) -> int:
+        self._ctx().code.symbol_info(symbol.handle, attribute, value)
+        return T.HSA_STATUS_SUCCESS
+
+    # ---- events and profiling ----------------------------------------------------------------
+    @hsa_function
+    def hsa_amd_register_system_event_handler(self, callback: Any, data: Any) -> int:
+        require(callback, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL callback")
+        self._ctx().events.register(callback, data)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_profiling_set_profiler_enabled(self, queue: Any, enable: int) -> int:
+        """Accepted; timestamps are always recorded."""
+        self._queue(queue)
+        return T.HSA_STATUS_SUCCESS
+
+    @hsa_function
+    def hsa_amd_profiling_get_dispatch_time(self, agent: T.hsa_agent_t, signal: T.hsa_signal_t, time: Any) -> int:
+        require(self._agent(agent).is_gpu and time, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "GPU agent and output")
+        start, end = self._signal(signal).timestamps()
+        time[0].start, time[0].end = start, end
+        return T.HSA_STATUS_SUCCESS
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _build(self) -> _State:
+        agents = AgentTable(self.gpus, self.compute_units)
+        compute = [ComputeUnits(f"{self.name}-gpu{a.gpu}", self.compute_units, self._record) for a in agents.gpus]
+        ctx = Context(agents=agents, memory=MemoryManager(agents.cpu.handle, [a.handle for a in agents.gpus]),
+                      signals=SignalTable(), code=CodeObjects(), events=SystemEvents(self.memory_faults),
+                      faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
+                      min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
+        return _State(ctx, self.sdma_engines)
+
+    def _record(self, where: str, exc: BaseException) -> None:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.api_errors.append(ApiError(where, exc, tb))
+
+    def _require_state(self) -> _State:
+        state = self._state
+        if state is None:
+            raise StatusError(T.HSA_STATUS_ERROR_NOT_INITIALIZED, "hsa_init has not been called")
+        return state
+
+    def _ctx(self) -> Context:
+        return self._require_state().ctx
+
+    def _agent(self, agent: Any) -> Agent:
+        return self._ctx().agents.get(agent.handle)
+
+    def _signal(self, signal: T.hsa_signal_t) -> Signal:
+        return self._ctx().signals.get(signal.handle)
+
+    def _queue(self, queue: Any) -> Queue:
+        return self._require_state().queues.get(queue)
+
+    def _create_signal(self, initial_value: int, num_consumers: int, consumers: Any, signal: Any) -> int:
+        require(signal, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL signal")
+        require(num_consumers == 0 or consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL consumers")
+        for i in range(num_consumers):
+            self._agent(consumers[i])
+        store_handle(signal, self._ctx().signals.create(initial_value).address)
+        return T.HSA_STATUS_SUCCESS
+
+    def _copy(self, dst: int | None, dst_agent: Any, src: int | None, src_agent: Any, size: int, num_deps: int,
+              deps: Any, completion: T.hsa_signal_t, engine_bit: int | None) -> int:
+        """ROCr's argument checks, then an engine of the copy agent (see sdma)."""
+        state = self._require_state()
+        require(dst and src, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL dst or src")
+        require(bool(deps) == (num_deps > 0), T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "dep_signals and count disagree")
+        dst_owner, src_owner = self._agent(dst_agent), self._agent(src_agent)
+        dep_signals = [self._signal(deps[i]) for i in range(num_deps)]
+        done = self._signal(completion)
+        state.copies.submit(address_of(dst), dst_owner, address_of(src), src_owner, size, dep_signals, done,
+                            engine_bit)
+        return T.HSA_STATUS_SUCCESS
+
+    def _wake_processors(self) -> None:
+        state = self._state
+        if state is not None:
+            for q in state.queues.all():
+                q.processor.wake()

@@ -1,0 +1,151 @@
+"""Fault injection does what it says; GPU memory faults reach the system event handlers."""
+from __future__ import annotations
+
+import ctypes
+import time
+
+import pytest
+
+from aiogpu.hsa_bindings import types as T
+
+from emu_helpers import barrier_packet, ok
+
+
+def submit_barriers(hsa, q, count):
+    signals = [hsa.signal(1) for _ in range(count)]
+    ids = [q.submit(barrier_packet([], s)) for s in signals]
+    return ids, signals
+
+
+def test_queue_error_at_kth_packet(hsa):
+    hsa.emu.faults.queue_error_at(3, status=T.HSA_STATUS_ERROR_ILLEGAL_INSTRUCTION)
+    q = hsa.queue(0)
+    ids, signals = submit_barriers(hsa, q, 5)
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_ILLEGAL_INSTRUCTION, q.id)]
+    time.sleep(0.02)
+    assert [hsa.value(s) for s in signals] == [0, 0, 1, 1, 1]
+    assert q.read_index() == ids[2]
+    fired = hsa.emu.faults.fired
+    assert [(f.kind, f.packet, f.queue) for f in fired] == [("queue_error", ids[2], q.id)]
+
+
+def test_queue_error_counts_only_the_chosen_agent(hsa):
+    hsa.emu.faults.queue_error_at(2, agent=1)
+    q0, q1 = hsa.queue(0), hsa.queue(1)
+    _, s0 = submit_barriers(hsa, q0, 3)
+    assert all(hsa.wait_zero(s) for s in s0)
+    _, s1 = submit_barriers(hsa, q1, 3)
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_EXCEPTION, q1.id)]
+    assert hsa.value(s1[0]) == 0 and hsa.value(s1[1]) == 1
+
+
+def test_memory_fault_at_kth_packet(hsa):
+    events = []
+
+    @T.system_event_callback_t
+    def handler(event, _data):
+        events.append((event.contents.event_type, event.contents.memory_fault.agent.handle))
+        return 0
+
+    ok(hsa.api.hsa_amd_register_system_event_handler(handler, None))
+    hsa.emu.faults.memory_fault_at(2)
+    q = hsa.queue(1)
+    _, signals = submit_barriers(hsa, q, 2)
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
+    assert events == [(T.HSA_AMD_GPU_MEMORY_FAULT_EVENT, hsa.gpus[1].handle)]
+    assert hsa.value(signals[0]) == 0 and hsa.value(signals[1]) == 1
+
+
+def test_lose_completion_at(hsa):
+    hsa.emu.faults.lose_completion_at(2)
+    q = hsa.queue(0)
+    ids, signals = submit_barriers(hsa, q, 3)
+    assert hsa.wait_zero(signals[2])
+    assert [hsa.value(s) for s in signals] == [0, 1, 0]
+    assert q.read_index() == 3 and not hsa.errors  # the packet retired; only its signal was lost
+    assert hsa.emu.faults.fired[0].kind == "lost_completion"
+
+
+def test_delay_completions(hsa):
+    faults = hsa.emu.faults
+    faults.delay_completions(0.05, count=2)
+    q = hsa.queue(0)
+    t0 = time.monotonic()
+    _, signals = submit_barriers(hsa, q, 3)
+    assert all(hsa.wait_zero(s) for s in signals)
+    assert time.monotonic() - t0 >= 0.1
+    assert [f.kind for f in faults.fired] == ["delayed_completion"] * 2
+    # copies are delayed too
+    faults.delay_completions(0.05, count=1)
+    a, b, s = hsa.alloc(hsa.system_pool, 64), hsa.device_alloc(0, 64), hsa.signal(1)
+    t0 = time.monotonic()
+    ok(hsa.api.hsa_amd_memory_async_copy(b, hsa.gpus[0], a, hsa.cpu, 64, 0, None, s))
+    assert hsa.wait_zero(s) and time.monotonic() - t0 >= 0.05
+
+
+def test_reset_turns_everything_off(make_hsa):
+    hsa = make_hsa(eager=True)
+    faults = hsa.emu.faults
+    faults.queue_error_at(1)
+    faults.lose_completion_at(1)
+    faults.delay_completions(10)
+    faults.exhaust_sdma()
+    faults.reset()
+    assert not faults.eager
+    q = hsa.queue(0)
+    _, signals = submit_barriers(hsa, q, 2)
+    assert all(hsa.wait_zero(s, timeout=2) for s in signals)
+    mask = ctypes.c_uint32()
+    ok(hsa.api.hsa_amd_memory_copy_engine_status(hsa.gpus[0], hsa.cpu, ctypes.byref(mask)))
+    assert mask.value == 0b11 and not hsa.errors and not faults.fired
+
+
+def test_bad_fault_arguments():
+    from aiogpu.hsa_bindings.emulator import FaultInjector
+    with pytest.raises(ValueError):
+        FaultInjector().queue_error_at(0)
+    with pytest.raises(ValueError):
+        FaultInjector().delay_completions(-1)
+
+
+def test_kernel_touching_freed_memory_is_a_memory_fault_event(hsa):
+    events = []
+
+    @T.system_event_callback_t
+    def handler(event, _data):
+        e = event.contents
+        events.append((e.memory_fault.agent.handle, e.memory_fault.virtual_address,
+                       e.memory_fault.fault_reason_mask))
+        return 0
+
+    ok(hsa.api.hsa_amd_register_system_event_handler(handler, None))
+    k = hsa.load_kernel(0, "touch", "u8*", lambda launch, buf: buf.fill(1))
+    buf = hsa.device_alloc(0, 4096)
+    args = k.kernargs([buf], [4096])
+    hsa.free(buf)
+    q, done = hsa.queue(0), hsa.signal(1)
+    q.submit(k.packet((1,), (1,), args, done))
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
+    assert events == [(hsa.gpus[0].handle, buf, T.HSA_AMD_MEMORY_FAULT_PAGE_NOT_PRESENT)]
+    assert "use after free" in hsa.emu.memory_faults[0].reason
+    assert hsa.value(done) == 1
+
+
+def test_peer_gpu_needs_allow_access(hsa):
+    k = hsa.load_kernel(1, "read", "const u8*", lambda launch, buf: int(buf.sum()))
+    mine = hsa.device_alloc(0, 4096)
+    q, done = hsa.queue(1), hsa.signal(1)
+    q.submit(k.packet((1,), (1,), k.kernargs([mine], [4096]), done))
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
+    assert "allow_access" in hsa.emu.memory_faults[0].reason
+    hsa.allow(mine, 1)
+    q2, done2 = hsa.queue(1), hsa.signal(1)
+    q2.submit(k.packet((1,), (1,), k.kernargs([mine], [4096]), done2))
+    assert hsa.wait_zero(done2)
+
+
+def test_kernarg_segment_out_of_reach_is_a_memory_fault(hsa):
+    k = hsa.load_kernel(0, "noop", "u32", lambda launch, n: None)
+    q = hsa.queue(0)
+    q.submit(k.packet((1,), (1,), 0x1000))
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
