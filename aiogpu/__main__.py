@@ -63,6 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.set_defaults(run=lambda a: _lazy("bench", a))
+    p = sub.add_parser("stress", help="random GPU work under injected faults, checked against NumPy")
+    p.add_argument("--quick", action="store_true", help="about 10,000 operations (< 2 minutes)")
+    p.add_argument("--ops", type=int, default=None)
+    p.add_argument("--gpus", type=int, default=4)
+    p.add_argument("--seed", type=int, default=1)
+    p.set_defaults(run=lambda a: _lazy("stress", a))
     args = parser.parse_args(argv)
     return args.run(args)
 

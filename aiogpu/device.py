@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -50,6 +51,64 @@ def check_after(runtime: Any, after: Any) -> list[GPUFuture]:
         if f._hub is not None and f._hub is not runtime.hub:
             raise ValueError(f"{f!r} belongs to another runtime")
     return items
+
+
+def check_launch(kernel: Any, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Validate a launch's kernel, grid and block (shared by every backend's devices)."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"launch takes an aiogpu kernel, got {kernel!r}")
+    grid = check_dims("grid", grid, MAX_GRID)
+    block = check_dims("block", block, MAX_WORKGROUP)
+    if len(block) != len(grid):
+        raise ValueError(f"grid {grid} and block {block} must have the same number of dimensions")
+    if math.prod(block) > MAX_WORKGROUP:
+        raise ValueError(f"block {block} has {math.prod(block)} work-items; at most {MAX_WORKGROUP}")
+    return grid, block
+
+
+def check_args(device: Any, kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Buffer]]:
+    """Validate ``args`` against ``kernel``'s signature for a launch on ``device``: (argument
+    values, buffer lengths, {index: Buffer}). Shared by every backend's devices."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple, got {type(args).__name__}")
+    if len(args) != len(kernel.args):
+        raise TypeError(f"{kernel.name} takes {len(kernel.args)} arguments ({kernel.signature}), "
+                        f"got {len(args)}")
+    values, lengths, buffers = [], [], {}
+    for i, (spec, value) in enumerate(zip(kernel.args, args)):
+        if spec.pointer:
+            if not isinstance(value, Buffer):
+                raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a Buffer, got "
+                                f"{type(value).__name__}")
+            value.check_usable()
+            if value.device is not device:
+                raise ValueError(f"{kernel.name} argument {i}: {value!r} is not on {device.name}; "
+                                 f"copy it with aiogpu.copy first")
+            values.append(value.address)
+            lengths.append(value.nbytes)
+            buffers[i] = value
+        else:
+            values.append(check_scalar(kernel, i, spec, value))
+    return values, lengths, buffers
+
+
+_INT_RANGES: dict[str, tuple[int, int]] = {}
+
+
+def check_scalar(kernel: Kernel, i: int, spec: Any, value: Any) -> Any:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a number, got {value!r}")
+    bounds = _INT_RANGES.get(spec.type_name)
+    if bounds is None and spec.dtype.kind in "iu":
+        info = np.iinfo(spec.dtype)
+        bounds = _INT_RANGES[spec.type_name] = (int(info.min), int(info.max))
+    if bounds is not None:
+        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            raise TypeError(f"{kernel.name} argument {i} ({spec}) must be an integer, got {value!r}")
+        if not bounds[0] <= int(value) <= bounds[1]:
+            raise ValueError(f"{kernel.name} argument {i} ({spec}) out of range: {value}")
+        return int(value)
+    return float(value)
 
 
 class Device:
@@ -105,14 +164,7 @@ class Device:
         that conflict with the buffers it uses.
         """
         rt = self.runtime
-        if not isinstance(kernel, Kernel):
-            raise TypeError(f"launch takes an aiogpu kernel, got {kernel!r}")
-        grid = check_dims("grid", grid, MAX_GRID)
-        block = check_dims("block", block, MAX_WORKGROUP)
-        if len(block) != len(grid):
-            raise ValueError(f"grid {grid} and block {block} must have the same number of dimensions")
-        if int(np.prod(block)) > MAX_WORKGROUP:
-            raise ValueError(f"block {block} has {int(np.prod(block))} work-items; at most {MAX_WORKGROUP}")
+        grid, block = check_launch(kernel, grid, block)
         values, lengths, buffers = self._check_args(kernel, args)
         after = check_after(rt, after)
         capture = rt.capturing()
@@ -126,41 +178,9 @@ class Device:
             return self.dispatch(loaded, kernel.name, grid, block, values, lengths, reads, writes, after)
 
     def _check_args(self, kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Buffer]]:
-        if not isinstance(args, (tuple, list)):
-            raise TypeError(f"args must be a tuple, got {type(args).__name__}")
-        if len(args) != len(kernel.args):
-            raise TypeError(f"{kernel.name} takes {len(kernel.args)} arguments ({kernel.signature}), "
-                            f"got {len(args)}")
-        values, lengths, buffers = [], [], {}
-        for i, (spec, value) in enumerate(zip(kernel.args, args)):
-            if spec.pointer:
-                if not isinstance(value, Buffer):
-                    raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a Buffer, got "
-                                    f"{type(value).__name__}")
-                value.check_usable()
-                if value.device is not self:
-                    raise ValueError(f"{kernel.name} argument {i}: {value!r} is not on {self.name}; "
-                                     f"copy it with aiogpu.copy first")
-                values.append(value.address)
-                lengths.append(value.nbytes)
-                buffers[i] = value
-            else:
-                values.append(self._scalar(kernel, i, spec, value))
-        return values, lengths, buffers
+        return check_args(self, kernel, args)
 
-    @staticmethod
-    def _scalar(kernel: Kernel, i: int, spec: Any, value: Any) -> Any:
-        kind = spec.dtype.kind
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-            raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a number, got {value!r}")
-        if kind in "iu":
-            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-                raise TypeError(f"{kernel.name} argument {i} ({spec}) must be an integer, got {value!r}")
-            info = np.iinfo(spec.dtype)
-            if not info.min <= int(value) <= info.max:
-                raise ValueError(f"{kernel.name} argument {i} ({spec}) out of range: {value}")
-            return int(value)
-        return float(value)
+    _scalar = staticmethod(check_scalar)
 
     # -- submission (under the runtime lock) ---------------------------------------------------
     def dispatch(self, loaded: LoadedKernel, label: str, grid: tuple, block: tuple, values: list,
@@ -172,7 +192,7 @@ class Device:
         deps = ordering.dependencies(states_r, states_w, after)
         err = ordering.failed_dependency(deps)
         if err is not None:
-            return completed_future(rt.hub, label, err)
+            return ordering.failed_without_running(rt.hub, label, err, states_w)
         queue = self._pick_queue(deps)
         fut = rt.hub.new_future(label)
         fut.device, fut.kind = self, "dispatch"

@@ -198,6 +198,9 @@ class FutureHub:
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures failed by the watchdog, never recycled
         self.owner: Any = None
+        # Called under the lock for a future the watchdog gave up on; returns True if the
+        # backend failed and retired it itself (e.g. by aborting its queue).
+        self.on_timeout: Callable[[GPUFuture, BaseException], bool] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -307,10 +310,16 @@ class FutureHub:
         from .errors import WatchdogTimeout
 
         deadline = time.monotonic() - self.watchdog_s
-        for fut in [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline]:
+        stale = [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline
+                 and all(self.is_complete(k) for k in f._dep_signals)]   # runnable, yet silent
+        for fut in stale:
+            if fut._state != PENDING:      # failed meanwhile by an abort of its queue
+                continue
             exc = WatchdogTimeout(f"{fut.label} on {fut.queue}: no completion within "
                                   f"{self.watchdog_s:g} s (lost or stalled completion)",
                                   queue=fut.queue, packet=fut.packet)
+            if self.on_timeout is not None and self.on_timeout(fut, exc):
+                continue             # the backend aborted its queue: everything on it retired
             self._finish(fut, exc, posts)
             # Its work may still complete late: never recycle what it names (a deliberate,
             # counted leak), but mark it complete so that work waiting on it proceeds.

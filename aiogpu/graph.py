@@ -382,7 +382,7 @@ class GraphExec:
             deps.setdefault(self._last, False)       # replays run in launch order
         err = ordering.failed_dependency(deps)
         if err is not None:
-            return completed_future(hub, label, err)
+            return ordering.failed_without_running(hub, label, err, writes)
         head = [d for d in deps if not d.retired]
         node_futs = {n: hub.new_future(f"{n.label} (replay {self.replays})") for n in self.signaled}
         parts = []

@@ -121,13 +121,40 @@ def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
 
 
 # -- built-in kernels ---------------------------------------------------------------------------
-@kernel("u8*, const u8*, u64", name="aiogpu_copy")
+# CUDA launches ceil(grid / block) blocks; these loops stride over the whole range, so they are
+# right for any grid (the CUDA backend launches its own shader copies with a capped grid).
+COPY_CU = r"""
+extern "C" __global__ void aiogpu_copy(unsigned char* dst, const unsigned char* src, unsigned long long n) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    if ((((unsigned long long)dst | (unsigned long long)src) & 15) == 0) {
+        unsigned long long n16 = n / 16;
+        const uint4* s = (const uint4*)src;
+        uint4* d = (uint4*)dst;
+        for (unsigned long long k = i; k < n16; k += stride) d[k] = s[k];
+        for (unsigned long long k = n16 * 16 + i; k < n; k += stride) dst[k] = src[k];
+    } else {
+        for (unsigned long long k = i; k < n; k += stride) dst[k] = src[k];
+    }
+}
+"""
+
+FILL_CU = r"""
+extern "C" __global__ void aiogpu_fill(unsigned int* dst, unsigned int value, unsigned long long n) {
+    unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long k = i; k < n; k += stride) dst[k] = value;
+}
+"""
+
+
+@kernel("u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU)
 def copy_kernel(launch, dst, src, n):
-    """Shader copy: the fallback when no SDMA engine is available."""
+    """Shader copy: the fallback when no SDMA engine (CUDA: copy stream) is available."""
     dst[:n] = src[:n]
 
 
-@kernel("u32*, u32, u64", name="aiogpu_fill")
+@kernel("u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU)
 def fill_kernel(launch, dst, value, n):
     """Fill ``n`` 32-bit words with ``value``."""
     dst[:n] = value

@@ -179,8 +179,34 @@ class Buffer:
         """Fill with a repeated 32-bit ``value`` (device-side; nbytes must be a multiple of 4)."""
         return self.device.runtime.fill(self, value, after=after)
 
+    # -- interop (CUDA devices only): a one-dimensional uint8 array of ``nbytes`` ----------------
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        """CUDA Array Interface v3 (CUDA buffers only; its ``stream`` is the pending writer's)."""
+        return self._cuda("__cuda_array_interface__").cuda_array_interface(self)
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
+        """A DLPack capsule (CUDA buffers only); ``stream`` waits on the device for pending work."""
+        return self._cuda("__dlpack__").dlpack(self, stream=stream, max_version=max_version,
+                                              dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._cuda("__dlpack_device__").dlpack_device(self)
+
+    def _cuda(self, what: str) -> Any:
+        if getattr(self.device, "dlpack", None) is None:
+            raise NotOnCudaError(f"{what}: {self!r} is on the {self.device.runtime.backend} backend; "
+                                 f"only CUDA buffers export device memory")
+        return self.device
+
     def __repr__(self) -> str:
         return f"<Buffer {self.nbytes} B on {self.device.name} at 0x{self.address:x}>"
+
+
+class NotOnCudaError(TypeError, AttributeError):
+    """CUDA interop asked of a buffer of another backend (an AttributeError too, so that
+    ``hasattr(buf, "__cuda_array_interface__")`` answers False there)."""
 
 
 class HostLocks:

@@ -49,7 +49,11 @@ class Hazards:
 
 
 def _prune(state: Any) -> None:
-    if state.last_write is not None and state.last_write.retired:
+    # A writer that failed stays the last writer even once retired: the memory's contents are
+    # undefined, so later readers fail (read after a failed write) until something overwrites it.
+    # Host memory is exempt: its addresses are reused by unrelated arrays.
+    last = state.last_write
+    if last is not None and last.retired and (last._exc is None or isinstance(state, HostRange)):
         state.last_write = None
     state.reads = [f for f in state.reads if not f.retired]
 
@@ -62,15 +66,16 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
         if fut is not None and not fut.retired:
             deps[fut] = deps.get(fut, False) or semantic
 
+    def add_semantic(fut: GPUFuture | None) -> None:
+        if fut is not None:
+            deps[fut] = True  # retired ones too: failed_dependency checks them
+
     for fut in after:
-        if fut.retired:
-            deps[fut] = True  # still checked for failure below
-        else:
-            add(fut, True)
+        add_semantic(fut)
     writes = list(writes)
     for state in reads:
         _prune(state)
-        add(state.last_write, True)
+        add_semantic(state.last_write)
     for state in writes:
         _prune(state)
         add(state.last_write, False)
@@ -88,6 +93,22 @@ def failed_dependency(deps: dict[GPUFuture, bool]) -> GPUError | None:
             err.__cause__ = fut._exc
             return err
     return None
+
+
+def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable[Any]) -> GPUFuture:
+    """A future for work not submitted because an input failed. It still becomes the last
+    writer of what the work would have written: that memory now holds no defined result, so its
+    readers fail too (until something overwrites it)."""
+    from .futures import completed_future
+
+    fut = completed_future(hub, label, err)
+    for state in writes:
+        _prune(state)
+        # Work still pending on this memory keeps ordering later writers (as if it had read it).
+        earlier = [state.last_write, *state.reads]
+        state.last_write = fut
+        state.reads = [f for f in earlier if f is not None and not f.retired]
+    return fut
 
 
 def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any]) -> None:

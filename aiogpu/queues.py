@@ -252,32 +252,39 @@ class AqlQueue:
             if generation != self.generation or self._q is None:
                 return
             failed_at = self.api.hsa_queue_load_read_index_scacquire(self._q)
-            self.broken = True
-            victims = list(self.inflight.items())
-            parked = list(self.backlog)
-            self.backlog.clear()
-            self.inflight.clear()
-            self.destroy()              # no packet of it can run any more
-            self.generation += 1
             err = GPUError(f"queue {self.name} failed at packet {failed_at}: {T.status_name(status)}",
                            status=status, queue=self.name, packet=failed_at)
-            self.errors.append(err)
-            for fut, (first, last) in sorted(victims, key=lambda v: v[1][0]):
-                if first <= failed_at <= last:
-                    self.hub.fail(fut, err)
-                else:
-                    self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet "
-                                                f"{failed_at} ({T.status_name(status)}) before it ran",
-                                                status=status, queue=self.name, packet=last))
-            for group in parked:
-                self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed "
-                                                     f"({T.status_name(status)}) before it was submitted",
-                                                     status=status, queue=self.name))
-            for fut, _ in victims:
-                self.hub.retire_failed(fut)
-            for group in parked:
-                self.hub.retire_failed(group.future)
-            self._create()
+            self.abort(err, failed_at)
+
+    def abort(self, err: GPUError, failed_at: int) -> None:
+        """Destroy the HSA queue, fail every operation on it and replace it (under lock).
+
+        The operation whose packets include ``failed_at`` fails with ``err``; the others with an
+        error that says the queue failed before they ran (or before they were submitted). Once
+        the queue is destroyed none of its packets can run, so everything they held is freed.
+        """
+        self.broken = True
+        victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
+        parked = list(self.backlog)
+        self.backlog.clear()
+        self.inflight.clear()
+        self.destroy()              # no packet of it can run any more
+        self.generation += 1
+        self.errors.append(err)
+        why = T.status_name(err.status) if err.status is not None else type(err).__name__
+        for fut, (first, last) in victims:
+            if first <= failed_at <= last:
+                self.hub.fail(fut, err)
+            else:
+                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {failed_at} "
+                                            f"({why}) before it ran", status=err.status, queue=self.name,
+                                            packet=last))
+        for group in parked:
+            self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed ({why}) "
+                                                 f"before it was submitted", status=err.status, queue=self.name))
+        for fut in [f for f, _ in victims] + [g.future for g in parked]:
+            self.hub.retire_failed(fut)
+        self._create()
 
     def __repr__(self) -> str:
         return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"

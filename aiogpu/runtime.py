@@ -82,6 +82,7 @@ class Runtime:
                                kernarg_pool=self._kernarg_pool)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.memory_faults: list[dict] = []
+        self.hub.on_timeout = self._on_timeout
 
     # -- discovery -----------------------------------------------------------------------------
     def _discover_agents(self) -> tuple[Any, list]:
@@ -199,7 +200,7 @@ class Runtime:
         deps = ordering.dependencies([src_state], [dst_state], after)
         err = ordering.failed_dependency(deps)
         if err is not None:
-            return completed_future(self.hub, label, err)
+            return ordering.failed_without_running(self.hub, label, err, [dst_state])
         host_ranges = [(a, n) for a, n in ((_host_key(dst)), (_host_key(src))) if a]
         pins = [(a, n, self.host.lock(a, n)) for a, n in host_ranges]
         if dst_ptr is None:
@@ -292,19 +293,35 @@ class Runtime:
         return T.HSA_STATUS_SUCCESS
 
     def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """Fail the copies of that agent's engines that touch ``address``; dispatches that
-        faulted are failed by their queue's error report."""
+        """Fail the pending copies of that agent's engines that touch ``address``: an engine
+        reports a fault, then retires the aborted copy through its signal, so they are failed
+        here and retire as usual (a copy that touched the address but did not fault fails too:
+        its result cannot be told apart). A dispatch that faulted is failed by its queue's error
+        report, which follows the event."""
         with self.lock:
             self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
             for fut in list(self.hub.pending_futures()):
                 dev = fut.device
-                if dev is None or dev.agent.handle != agent or not (fut.queue or "").count(".sdma"):
+                if fut.done() or dev is None or dev.agent.handle != agent or ".sdma" not in (fut.queue or ""):
                     continue
                 if any(_touches(k, address) for k in fut.keep):
-                    err = GPUError(f"{fut.label}: memory fault at 0x{address:x} (reason 0x{reason:x})",
-                                   status=T.HSA_STATUS_ERROR_MEMORY_FAULT, queue=fut.queue)
-                    self.hub.fail(fut, err)
-                    self.hub.retire_failed(fut)
+                    self.hub.fail(fut, GPUError(f"{fut.label}: memory fault at 0x{address:x} (reason "
+                                                f"0x{reason:x})", status=T.HSA_STATUS_ERROR_MEMORY_FAULT,
+                                                queue=fut.queue))
+
+    def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
+        """A lost or stalled completion on a compute queue: abort that queue, so that what its
+        packets held is freed and the device stays usable. Copies are left to the hub, which
+        quarantines them (an engine cannot be aborted)."""
+        for dev in self.devices:
+            for queue in dev.queues:
+                if fut in queue.inflight:
+                    queue.abort(exc, queue.inflight[fut][1])
+                    return True
+                if any(group.future is fut for group in queue.backlog):
+                    queue.abort(exc, -1)    # stuck behind a silent packet: the queue is wedged
+                    return True
+        return False
 
     # -- shutdown ------------------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:

@@ -1,4 +1,9 @@
-"""Fixtures shared by the runtime tests: a fresh emulated runtime per test, checked for leaks."""
+"""Fixtures shared by the runtime tests: a fresh runtime per test, checked for leaks.
+
+``rt``/``make_runtime`` are emulated runtimes (tests that look at emulator internals);
+``any_rt`` runs a public-API test once per backend: the emulator, and CUDA where
+``aiogpu.runtime.cuda_available()`` finds an NVIDIA GPU (skipped cleanly elsewhere).
+"""
 from __future__ import annotations
 
 import time
@@ -7,6 +12,14 @@ import numpy as np
 import pytest
 
 import aiogpu
+from aiogpu.runtime import cuda_available
+
+CUDA_OK, CUDA_WHY = cuda_available()
+BACKENDS = [
+    pytest.param("emulator", id="emulator"),
+    pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not CUDA_OK, reason=f"the CUDA backend is unavailable here: {CUDA_WHY}")]),
+]
 
 
 def wait_for_baseline(rt: aiogpu.Runtime, timeout: float = 5.0) -> dict:
@@ -38,6 +51,50 @@ def make_runtime():
             assert stats["signals_in_use"] == 0, stats
             assert stats["kernarg_in_use"] == 0, stats
             assert stats["host_locks"] == 0, stats
+
+
+def _close_checked(rt) -> None:
+    if rt.closed:
+        return
+    stats = wait_for_baseline(rt)
+    rt.close()
+    assert stats["pending"] == 0, stats
+    assert stats["signals_in_use"] == 0, stats
+    assert stats["kernarg_in_use"] == 0, stats
+    assert stats["host_locks"] == 0, stats
+
+
+def backend_runtime(backend: str, *, shader_copies: bool = False):
+    """A runtime of ``backend`` for the parametrised tests (two emulated GPUs; every CUDA GPU)."""
+    if backend == "emulator":
+        return aiogpu.Runtime("emulator", gpus=2, **({"sdma_engines": 0} if shader_copies else {}))
+    return aiogpu.Runtime(backend, **({"copy_engines": False} if shader_copies else {}))
+
+
+@pytest.fixture(params=BACKENDS)
+def any_backend(request):
+    return request.param
+
+
+@pytest.fixture
+def make_any(any_backend):
+    """Factory of runtimes of the test's backend; each is closed and checked for leaks."""
+    made = []
+
+    def make(**options):
+        rt = backend_runtime(any_backend, **options)
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        _close_checked(rt)
+
+
+@pytest.fixture
+def any_rt(make_any):
+    """A fresh runtime of each backend (emulator; CUDA where available), checked for leaks."""
+    return make_any()
 
 
 @pytest.fixture

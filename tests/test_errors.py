@@ -49,8 +49,13 @@ async def test_injected_queue_error_names_queue_packet_and_status(rt):
     assert err.status == T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT
     assert err.queue == f.queue and err.packet == f.packet
     assert "INVALID_PACKET_FORMAT" in str(err) and f.queue in str(err)
+    # What the failed kernel would have written is undefined: reading it fails...
+    with pytest.raises(aiogpu.GPUError, match="dependency failed"):
+        await buf.to_numpy(np.int64)
+    # ...until it is overwritten. The replaced queue runs new work.
+    await aiogpu.copy(buf, np.full(1, 41, np.int64))
     await d0.launch(slow_increment, grid=(1,), block=(1,), args=(buf,))
-    assert (await buf.to_numpy(np.int64))[0] == 1
+    assert (await buf.to_numpy(np.int64))[0] == 42
 
 
 @pytest.mark.asyncio

@@ -216,6 +216,10 @@ def table(res: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..runtime import resolve_backend
+    if resolve_backend(args.backend) == "cuda":      # the CUDA measurements (issue 5)
+        from . import bench_cuda
+        return bench_cuda.run(args)
     res = measure(args.backend, args.quick)
     print(table(res))
     if args.json:

@@ -1,0 +1,480 @@
+"""``python -m aiogpu bench --backend cuda``: the CUDA measurements of issue 5, side by side.
+
+In one run, on the first GPU:
+- await round trip of a one-thread kernel: the synchronous floor (raw ``cuLaunchKernel`` +
+  ``cuStreamSynchronize``; and aiogpu's launch + synchronize), aiogpu on asyncio and uvloop,
+  ``run_in_executor(event.synchronize)``, a ``cuLaunchHostFunc`` Python callback calling
+  ``call_soon_threadsafe``, polling the event with ``sleep(0)``; and the waiter alternatives:
+  aiogpu without the loop spin (host function ``sem_post`` -> waiter thread -> batched hand-off),
+  an executor on blocking-sync events, a stream memory write to host-mapped memory polled on the
+  loop;
+- the cost of single driver calls through cuda-bindings and through ctypes;
+- awaited operations per second with 8 and 64 concurrent tasks (aiogpu vs a 64-thread executor);
+- graph replay cost per node (100-node chain) against awaited and chained launches;
+- H2D / D2H / D2D bandwidth through aiogpu against raw ``cuMemcpy*Async`` on the same memory;
+- CPU use of the process while an idle runtime awaits a long kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import ctypes
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import aiogpu
+
+NOOP_CU = r"""
+extern "C" __global__ void bench_noop(unsigned int n) { }
+"""
+SPIN_CU = r"""
+extern "C" __global__ void bench_spin_ms(unsigned int ms) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { __nanosleep(100000); asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); }
+    while (t - t0 < 1000000ull * ms);
+}
+"""
+
+
+@aiogpu.kernel("u32", cuda=NOOP_CU, name="bench_noop")
+def noop(launch, n):
+    pass
+
+
+@aiogpu.kernel("u32", cuda=SPIN_CU, name="bench_spin_ms")
+def spin_ms(launch, ms):
+    pass
+
+
+def progress(msg: str) -> None:
+    print(f"  .. {msg}", file=sys.stderr, flush=True)
+
+
+def med_us(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
+
+
+def _uvloop_run(coro: Any) -> Any:
+    import uvloop
+    return uvloop.run(coro)
+
+
+# -- round trips -----------------------------------------------------------------------------------
+class Raw:
+    """The raw driver path on the first device: our own stream, the loaded bench kernels."""
+
+    def __init__(self, rt: Any):
+        from aiogpu.cuda.driver import check, cu
+        self.cu, self.check = cu, check
+        self.dev = dev = rt.devices[0]
+        dev.make_current()
+        self.stream = check(cu.cuStreamCreate(1), "cuStreamCreate")
+        self.noop = dev.loaded(noop)
+        self.params = self.noop.pack([0])
+
+    def launch(self) -> None:
+        cu = self.cu
+        cu.cuLaunchKernel(self.noop.func, 1, 1, 1, 1, 1, 1, 0, self.stream, self.params, 0)
+
+    def close(self) -> None:
+        self.cu.cuStreamDestroy(self.stream)
+
+
+def rt_floor_raw(raw: Raw, n: int) -> list[float]:
+    sync, out = raw.cu.cuStreamSynchronize, []
+    for _ in range(n):
+        t = time.perf_counter()
+        raw.launch()
+        sync(raw.stream)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def rt_floor_aiogpu(dev: Any, n: int) -> list[float]:
+    from aiogpu.cuda.driver import cu
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        f = dev.launch(noop, (1,), (1,), (0,))
+        cu.cuStreamSynchronize(f.lane.stream)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def rt_aiogpu(dev: Any, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await dev.launch(noop, (1,), (1,), (0,))
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def _sync_event(event: Any) -> None:
+    from aiogpu.cuda.driver import cu
+    cu.cuEventSynchronize(event)
+
+
+async def rt_executor(dev: Any, n: int, pool: Any) -> list[float]:
+    loop, out = asyncio.get_running_loop(), []
+    for _ in range(n):
+        t = time.perf_counter()
+        f = dev.launch(noop, (1,), (1,), (0,))
+        await loop.run_in_executor(pool, _sync_event, f.event)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def rt_executor_blocking(raw: Raw, n: int, pool: Any) -> list[float]:
+    """Blocking-sync events, each waited on by a pool thread (a waiter per completion)."""
+    cu, loop, out = raw.cu, asyncio.get_running_loop(), []
+    ev = raw.check(cu.cuEventCreate(1 | 2), "cuEventCreate")   # BLOCKING_SYNC | DISABLE_TIMING
+    for _ in range(n):
+        t = time.perf_counter()
+        raw.launch()
+        cu.cuEventRecord(ev, raw.stream)
+        await loop.run_in_executor(pool, cu.cuEventSynchronize, ev)
+        out.append(time.perf_counter() - t)
+    cu.cuEventDestroy(ev)
+    return out
+
+
+_HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+async def rt_hostfunc(dev: Any, n: int) -> list[float]:
+    """What users do today: a Python host function calling call_soon_threadsafe."""
+    import aiogpu.cuda.driver as D
+    loop, out, pending = asyncio.get_running_loop(), [], {}
+
+    @_HOSTFN
+    def callback(key: int) -> None:             # runs on the driver's callback thread
+        fut = pending.pop(key)
+        loop.call_soon_threadsafe(fut.set_result, None)
+
+    fn = ctypes.cast(callback, ctypes.c_void_p).value
+    for i in range(n):
+        t = time.perf_counter()
+        f = dev.launch(noop, (1,), (1,), (0,))
+        waiter = loop.create_future()
+        pending[i + 1] = waiter
+        D.launch_host_func(f.lane.stream, fn, i + 1)
+        await waiter
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def rt_poll(dev: Any, n: int) -> list[float]:
+    from aiogpu.cuda import driver as D
+    query, out = D.HOT.query, []
+    for _ in range(n):
+        t = time.perf_counter()
+        f = dev.launch(noop, (1,), (1,), (0,))
+        while query(f.event) == D.NOT_READY:
+            await asyncio.sleep(0)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def rt_memop_poll(raw: Raw, n: int) -> list[float]:
+    """A stream memory write into host-mapped memory, polled on the loop (no driver call per poll)."""
+    cu, check = raw.cu, raw.check
+    host = check(cu.cuMemHostAlloc(8, 1 | 2), "cuMemHostAlloc")    # PORTABLE | DEVICEMAP
+    word = ctypes.c_uint32.from_address(int(host))
+    word.value = 0
+    dptr = check(cu.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer")
+    out = []
+    try:
+        for i in range(1, n + 1):
+            t = time.perf_counter()
+            raw.launch()
+            (err,) = cu.cuStreamWriteValue32(raw.stream, dptr, i, 0)
+            if err:
+                raise RuntimeError(f"cuStreamWriteValue32: {err}")
+            while word.value < i:
+                await asyncio.sleep(0)
+            out.append(time.perf_counter() - t)
+    finally:
+        cu.cuStreamSynchronize(raw.stream)
+        cu.cuMemFreeHost(host)
+    return out
+
+
+def call_costs(rt: Any, raw: Raw) -> dict:
+    """Microseconds per call of the hot driver calls, cuda-bindings vs ctypes."""
+    import aiogpu.cuda.driver as D
+    res, cu = {}, raw.cu
+    ev = raw.check(cu.cuEventCreate(2), "cuEventCreate")
+    cu.cuEventRecord(ev, raw.stream)
+    cu.cuStreamSynchronize(raw.stream)
+    hots = {"bindings": D._BindingsHot()}
+    try:
+        hots["ctypes"] = D._CtypesHot()
+    except OSError:
+        pass
+    n = 20000
+    for name, hot in hots.items():
+        t = time.perf_counter()
+        for _ in range(n):
+            hot.query(ev)
+        res[f"call_us_event_query_{name}"] = (time.perf_counter() - t) / n * 1e6
+        t = time.perf_counter()
+        for _ in range(2000):
+            hot.kernel(raw.noop.func, (1, 1, 1), (1, 1, 1), raw.stream, raw.params)
+        res[f"call_us_launch_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
+        cu.cuStreamSynchronize(raw.stream)
+        t = time.perf_counter()
+        for _ in range(2000):
+            hot.record(ev, raw.stream)
+        res[f"call_us_event_record_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
+        cu.cuStreamSynchronize(raw.stream)
+    dev = rt.devices[0]
+    for name, hot in hots.items():
+        saved, D.HOT = D.HOT, hot
+        try:
+            futs, t = [], time.perf_counter()
+            for _ in range(2000):
+                futs.append(dev.launch(noop, (1,), (1,), (0,)))
+            res[f"submit_us_aiogpu_launch_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
+            futs[-1].wait(30)
+        finally:
+            D.HOT = saved
+    cu.cuEventDestroy(ev)
+    return res
+
+
+# -- throughput ------------------------------------------------------------------------------------
+async def tp_aiogpu(dev: Any, tasks: int, per_task: int) -> float:
+    async def worker() -> None:
+        for _ in range(per_task):
+            await dev.launch(noop, (1,), (1,), (0,))
+
+    t = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+    return tasks * per_task / (time.perf_counter() - t)
+
+
+async def tp_executor(dev: Any, tasks: int, per_task: int, pool: Any) -> float:
+    loop = asyncio.get_running_loop()
+
+    async def worker() -> None:
+        for _ in range(per_task):
+            f = dev.launch(noop, (1,), (1,), (0,))
+            await loop.run_in_executor(pool, _sync_event, f.event)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+    return tasks * per_task / (time.perf_counter() - t)
+
+
+# -- graphs ------------------------------------------------------------------------------------------
+async def graph_costs(dev: Any, nodes: int, reps: int) -> dict:
+    with aiogpu.Graph() as g:
+        prev = None
+        for _ in range(nodes):
+            prev = dev.launch(noop, (1,), (1,), (0,), after=[prev] if prev else [])
+    exe = g.instantiate()
+    await exe.launch()
+    t = time.perf_counter()
+    for _ in range(reps):
+        await exe.launch()
+    replay = (time.perf_counter() - t) / reps / nodes
+    t = time.perf_counter()
+    for _ in range(reps):
+        for _ in range(nodes):
+            await dev.launch(noop, (1,), (1,), (0,))
+    awaited = (time.perf_counter() - t) / reps / nodes
+    t = time.perf_counter()
+    for _ in range(reps):
+        prev = None
+        for _ in range(nodes):
+            prev = dev.launch(noop, (1,), (1,), (0,), after=[prev] if prev else [])
+        await prev
+    chained = (time.perf_counter() - t) / reps / nodes
+    return {"graph_replay_us_per_node": replay * 1e6, "awaited_launch_us_per_node": awaited * 1e6,
+            "chained_launch_us_per_node": chained * 1e6}
+
+
+# -- bandwidth ---------------------------------------------------------------------------------------
+def bandwidth(rt: Any, raw: Raw, nbytes: int, reps: int) -> dict:
+    cu, check = raw.cu, raw.check
+    dev = rt.devices[0]
+    host = np.ones(nbytes, np.uint8)
+    host_raw = np.ones(nbytes, np.uint8)
+    a, b = dev.alloc(nbytes), dev.alloc(nbytes)
+    res: dict[str, float] = {}
+
+    async def timed(make) -> float:
+        await make()                                  # warm-up (registration, first touch)
+        samples = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            await make()
+            samples.append(time.perf_counter() - t)
+        return nbytes / statistics.median(samples) / 1e9
+
+    async def run_aiogpu() -> None:
+        res["h2d_GBs_aiogpu"] = await timed(lambda: aiogpu.copy(a, host))
+        res["d2h_GBs_aiogpu"] = await timed(lambda: aiogpu.copy(host, a))
+        res["d2d_GBs_aiogpu"] = await timed(lambda: aiogpu.copy(b, a))
+
+    _uvloop_run(run_aiogpu())
+    dev.make_current()
+    ptr = host_raw.__array_interface__["data"][0]
+    check(cu.cuMemHostRegister(ptr, nbytes, 1), "cuMemHostRegister")   # PORTABLE: page-locked
+    try:
+        for key, call in (("h2d_GBs_raw", lambda: cu.cuMemcpyHtoDAsync(a.address, ptr, nbytes, raw.stream)),
+                          ("d2h_GBs_raw", lambda: cu.cuMemcpyDtoHAsync(ptr, a.address, nbytes, raw.stream)),
+                          ("d2d_GBs_raw", lambda: cu.cuMemcpyDtoDAsync(b.address, a.address, nbytes, raw.stream))):
+            call()
+            cu.cuStreamSynchronize(raw.stream)
+            samples = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                call()
+                cu.cuStreamSynchronize(raw.stream)
+                samples.append(time.perf_counter() - t)
+            res[key] = nbytes / statistics.median(samples) / 1e9
+    finally:
+        cu.cuMemHostUnregister(ptr)
+    # D2D moves the bytes once; report it like cuMemcpy's bandwidth tests (bytes copied / s).
+    return res
+
+
+# -- idle CPU ----------------------------------------------------------------------------------------
+def idle_cpu(dev: Any, seconds: float) -> float:
+    async def main() -> float:
+        f = dev.launch(spin_ms, (1,), (1,), (int(seconds * 1000),))
+        await asyncio.sleep(0.05)
+        c0, t0 = time.process_time(), time.perf_counter()
+        await f
+        return (time.process_time() - c0) / (time.perf_counter() - t0) * 100
+
+    return _uvloop_run(main())
+
+
+# -- driver ------------------------------------------------------------------------------------------
+def measure(quick: bool) -> dict:
+    import aiogpu.cuda.driver as D
+    n = 300 if quick else 3000
+    per_task = 30 if quick else 400
+    rt = aiogpu.Runtime("cuda")
+    res: dict[str, Any] = {"backend": rt.backend, "reason": rt.reason, "quick": quick,
+                           "device": rt.devices[0].product, "hot_path": D.HOT.name,
+                           "spin_s": rt.hub.spin_s}
+    import cuda.bindings
+    res["cuda_bindings"] = cuda.bindings.__version__
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=64)
+    raw = Raw(rt)
+    try:
+        dev = rt.devices[0]
+        dev.loaded(spin_ms)
+        progress(f"round trips, {n} each")
+        rt_floor_raw(raw, 50)
+        res["floor_sync_us"] = med_us(rt_floor_raw(raw, n))
+        res["floor_sync_aiogpu_launch_us"] = med_us(rt_floor_aiogpu(dev, n))
+        asyncio.run(rt_aiogpu(dev, 50))
+        res["aiogpu_await_us_asyncio"] = med_us(asyncio.run(rt_aiogpu(dev, n)))
+        res["aiogpu_await_us_uvloop"] = med_us(_uvloop_run(rt_aiogpu(dev, n)))
+        res["executor_await_us"] = med_us(_uvloop_run(rt_executor(dev, n, pool)))
+        res["hostfunc_await_us"] = med_us(_uvloop_run(rt_hostfunc(dev, n)))
+        res["poll_await_us"] = med_us(_uvloop_run(rt_poll(dev, n)))
+        progress("waiter alternatives")
+        res["alt_executor_blocking_sync_us"] = med_us(_uvloop_run(rt_executor_blocking(raw, n, pool)))
+        res["alt_memop_poll_us"] = med_us(_uvloop_run(rt_memop_poll(raw, n)))
+        spin, rt.hub.spin_s = rt.hub.spin_s, 0.0
+        try:
+            res["alt_no_spin_hostfunc_sem_waiter_us"] = med_us(_uvloop_run(rt_aiogpu(dev, n)))
+        finally:
+            rt.hub.spin_s = rt.hub.spin_budget = spin
+        res.update(call_costs(rt, raw))
+        for k in (8, 64):
+            progress(f"throughput, {k} tasks x {per_task} awaited launches")
+            _uvloop_run(tp_aiogpu(dev, k, 5))
+            res[f"aiogpu_ops_per_s_{k}"] = _uvloop_run(tp_aiogpu(dev, k, per_task))
+            res[f"executor_ops_per_s_{k}"] = _uvloop_run(tp_executor(dev, k, per_task, pool))
+        res["aiogpu_ops_per_s_64_asyncio"] = asyncio.run(tp_aiogpu(dev, 64, per_task))
+        progress("graph replay: 100-node chain")
+        res.update(_uvloop_run(graph_costs(dev, 100, 5 if quick else 50)))
+        progress("bandwidth")
+        res.update(bandwidth(rt, raw, (64 << 20) if quick else (256 << 20), 5 if quick else 20))
+        progress("idle CPU while awaiting a long kernel")
+        res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
+        res["stats"] = rt.stats()
+    finally:
+        pool.shutdown()
+        raw.close()
+        rt.close()
+    floor = res["floor_sync_us"]
+    res["await_over_floor_uvloop"] = res["aiogpu_await_us_uvloop"] / floor
+    res["ops_ratio_64"] = res["aiogpu_ops_per_s_64"] / res["executor_ops_per_s_64"]
+    for d in ("h2d", "d2h", "d2d"):
+        res[f"{d}_fraction_of_raw"] = res[f"{d}_GBs_aiogpu"] / res[f"{d}_GBs_raw"]
+    return res
+
+
+ROWS = [
+    ("await round trip, one-thread kernel (us, median)", None),
+    ("  sync floor: raw cuLaunchKernel + cuStreamSynchronize", "floor_sync_us"),
+    ("  sync: aiogpu launch + cuStreamSynchronize", "floor_sync_aiogpu_launch_us"),
+    ("  aiogpu await, asyncio", "aiogpu_await_us_asyncio"),
+    ("  aiogpu await, uvloop", "aiogpu_await_us_uvloop"),
+    ("  run_in_executor(event.synchronize)", "executor_await_us"),
+    ("  cuLaunchHostFunc -> call_soon_threadsafe", "hostfunc_await_us"),
+    ("  poll cuEventQuery with sleep(0)", "poll_await_us"),
+    ("waiter alternatives (uvloop, us)", None),
+    ("  no spin: host fn sem_post -> waiter -> batch", "alt_no_spin_hostfunc_sem_waiter_us"),
+    ("  executor on blocking-sync events", "alt_executor_blocking_sync_us"),
+    ("  stream write to host memory, polled", "alt_memop_poll_us"),
+    ("driver call cost (us): event query bindings/ctypes", ("call_us_event_query_bindings", "call_us_event_query_ctypes")),
+    ("  launch bindings/ctypes", ("call_us_launch_bindings", "call_us_launch_ctypes")),
+    ("  aiogpu launch() submit bindings/ctypes", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_ctypes")),
+    ("awaited ops/s, 8 tasks: aiogpu / executor", ("aiogpu_ops_per_s_8", "executor_ops_per_s_8")),
+    ("awaited ops/s, 64 tasks: aiogpu / executor", ("aiogpu_ops_per_s_64", "executor_ops_per_s_64")),
+    ("100-node chain, us/node: graph replay", "graph_replay_us_per_node"),
+    ("  individually awaited / chained launches", ("awaited_launch_us_per_node", "chained_launch_us_per_node")),
+    ("H2D GB/s: aiogpu / raw", ("h2d_GBs_aiogpu", "h2d_GBs_raw")),
+    ("D2H GB/s: aiogpu / raw", ("d2h_GBs_aiogpu", "d2h_GBs_raw")),
+    ("D2D GB/s: aiogpu / raw", ("d2d_GBs_aiogpu", "d2d_GBs_raw")),
+    ("idle runtime awaiting a long kernel, CPU %", "idle_cpu_percent"),
+]
+
+
+def table(res: dict) -> str:
+    lines = [f"aiogpu bench on {res['backend']} ({res['reason']}); hot path: {res['hot_path']}"]
+    for name, key in ROWS:
+        if key is None:
+            shown = ""
+        elif isinstance(key, tuple):
+            shown = " / ".join(_fmt(res.get(k)) for k in key)
+        else:
+            shown = _fmt(res.get(key))
+        lines.append(f"{name:<58}{shown}")
+    lines.append(f"targets (uvloop): await/floor {res['await_over_floor_uvloop']:.2f}x (<= 2), "
+                 f"ops ratio at 64 tasks {res['ops_ratio_64']:.2f}x (>= 3), copies "
+                 + ", ".join(f"{d} {res[f'{d}_fraction_of_raw']:.0%}" for d in ("h2d", "d2h", "d2d"))
+                 + f" (>= 95%), idle CPU {res['idle_cpu_percent']:.2f}% (< 5)")
+    return "\n".join(lines)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:,.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def run(args: argparse.Namespace) -> int:
+    res = measure(args.quick)
+    print(table(res))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=2)
+        print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,261 @@
+"""``python -m aiogpu stress``: randomised GPU work under injected faults, checked against NumPy.
+
+Each of many concurrent tasks keeps a few device buffers and a NumPy *shadow* of what they must
+hold. It submits random operations without awaiting them (kernels, host-to-device,
+device-to-device and peer copies, gathers, replays of a small captured graph), relying on the
+runtime to order them on the device, and now and then copies a buffer back and compares it with
+the shadow. Meanwhile faults are injected at random points: queue errors, memory faults, lost
+completions (caught by the runtime's watchdog), delayed completions, SDMA exhaustion and the eager
+packet processor. A failed read-back must be a GPUError (then the task re-uploads its shadow); a
+successful one must match. At the end every resource counter must be back at its baseline.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import aiogpu
+from aiogpu.hsa_bindings import types as T
+
+WORDS = 64          # int64 elements per buffer
+OP_TIMEOUT_S = 60.0  # an await that takes longer than this counts as a hang
+
+
+@aiogpu.kernel("i64*, i64")
+def add_const(launch, x, c):
+    x[:] += c
+
+
+@aiogpu.kernel("i64*, const i64*")
+def add_buf(launch, dst, src):
+    dst[:] += src[:]
+
+
+@dataclass
+class Stats:
+    ops: int = 0
+    checks: int = 0
+    failed: int = 0          # futures that failed with a GPUError while faults were injected
+    unexpected: int = 0      # failures of another kind, or with no fault injected
+    mismatches: int = 0
+    hangs: int = 0
+    faults: int = 0
+    notes: list = field(default_factory=list)
+
+
+class World:
+    """One task's buffers on random devices and their NumPy shadows."""
+
+    def __init__(self, rng: random.Random, devices: list):
+        self.rng = rng
+        self.buffers = [devices[rng.randrange(len(devices))].alloc(WORDS * 8) for _ in range(3)]
+        self.shadow = [np.zeros(WORDS, np.int64) for _ in self.buffers]
+        self.graph: Any = None
+
+    def upload(self) -> list:
+        return [aiogpu.copy(b, s.copy()) for b, s in zip(self.buffers, self.shadow)]
+
+
+async def _guarded(fut: Any, stats: Stats, faults_on: bool) -> bool:
+    """Await ``fut``; True if it completed. Failures and hangs are counted."""
+    try:
+        await asyncio.wait_for(_await(fut), OP_TIMEOUT_S)
+        return True
+    except asyncio.TimeoutError:
+        stats.hangs += 1
+        stats.notes.append(f"hang: {fut!r}")
+    except aiogpu.GPUError as exc:
+        if faults_on:
+            stats.failed += 1
+        else:
+            stats.unexpected += 1
+            stats.notes.append(f"unexpected failure without faults: {exc}")
+    return False
+
+
+async def _await(fut: Any) -> None:
+    await fut
+
+
+def random_op(world: World, devices: list, stats: Stats) -> None:
+    """Submit one random operation and update the shadow as the device will."""
+    rng, bufs, shadow = world.rng, world.buffers, world.shadow
+    choice = rng.random()
+    i, j = rng.randrange(len(bufs)), rng.randrange(len(bufs))
+    if choice < 0.35:
+        c = rng.randrange(1, 100)
+        bufs[i].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[i], c))
+        shadow[i] += c
+    elif choice < 0.5 and i != j and bufs[i].device is bufs[j].device:
+        bufs[i].device.launch(add_buf, grid=(WORDS,), block=(64,), args=(bufs[i], bufs[j]))
+        shadow[i] += shadow[j]
+    elif choice < 0.7 and i != j:
+        aiogpu.copy(bufs[i], bufs[j])                    # D2D or peer
+        shadow[i] = shadow[j].copy()
+    elif choice < 0.8:
+        data = np.arange(WORDS, dtype=np.int64) * rng.randrange(1, 9)
+        aiogpu.copy(bufs[i], data)                        # H2D (the future keeps data alive)
+        shadow[i] = data.copy()
+    elif choice < 0.9:
+        if world.graph is None:
+            with aiogpu.Graph() as g:
+                a = bufs[0].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[0], 3))
+                aiogpu.copy(bufs[1], bufs[0], after=[a])
+            world.graph = g.instantiate()
+        world.graph.launch()
+        shadow[0] += 3
+        shadow[1] = shadow[0].copy()
+        stats.ops += 1                                    # a replay is two operations
+    else:
+        futs = [bufs[k].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[k], 1))
+                for k in range(len(bufs))]
+        aiogpu.gather(*futs)
+        for s in shadow:
+            s += 1
+        stats.ops += len(bufs)
+    stats.ops += 1
+
+
+async def worker(seed: int, devices: list, budget: list, stats: Stats, faults_on: list) -> None:
+    world = World(random.Random(seed), devices)
+    await _guarded(aiogpu.gather(*world.upload()), stats, faults_on[0])
+    while budget[0] > 0:
+        for _ in range(world.rng.randrange(4, 16)):
+            random_op(world, devices, stats)
+            budget[0] -= 1
+        k = world.rng.randrange(len(world.buffers))
+        out = world.buffers[k].to_numpy(np.int64)
+        stats.checks += 1
+        if await _guarded(out, stats, faults_on[0]):
+            if not np.array_equal(out.result(), world.shadow[k]):
+                stats.mismatches += 1
+                stats.notes.append(f"mismatch in task {seed}, buffer {k}")
+        else:                                   # resynchronise the device with the shadow
+            await _guarded(aiogpu.gather(*world.upload()), stats, faults_on[0])
+    for b in world.buffers:
+        b.free()
+
+
+async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stats, faults_on: list,
+                   period: float) -> None:
+    """Arm a random fault every ``period`` seconds while the workers run."""
+    faults = rt.api.emulator.faults
+    gpus = len(rt.devices)
+    while not stop.is_set():
+        await asyncio.sleep(period * (0.5 + rng.random()))
+        kind = rng.choice(["queue_error", "memory_fault", "lost", "delay", "sdma", "eager"])
+        faults_on[0] = True
+        if kind == "queue_error":
+            faults.queue_error_at(rng.randrange(1, 50), status=rng.choice(
+                [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]), agent=rng.randrange(gpus))
+        elif kind == "memory_fault":
+            faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
+        elif kind == "lost":
+            faults.lose_completion_at(rng.randrange(1, 50))
+        elif kind == "delay":
+            faults.delay_completions(0.05, count=rng.randrange(1, 5))
+        elif kind == "sdma":
+            faults.exhaust_sdma(rng.randrange(gpus))
+            await asyncio.sleep(period)
+            faults.restore_sdma()
+        else:
+            faults.eager = True
+            await asyncio.sleep(period)
+            faults.eager = False
+        stats.faults += 1
+
+
+def wait_idle(rt: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while rt.hub.pending_count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def count_leaks(rt: Any) -> dict:
+    """Resource counters above their baseline, once no work is pending."""
+    s = rt.stats()
+    quarantined = len(rt.hub.leaked)     # signals the watchdog retired on purpose
+    leaks = {
+        "pending": s["pending"],
+        "signals": s["signals_in_use"] - quarantined,
+        "kernarg": s["kernarg_in_use"],
+        "backlog": s["backlog"],
+        "host_locks": s["host_locks"],
+        "small_allocations": s["small_allocations"],
+        "large_allocations": s["large_allocations"],
+    }
+    return {k: v for k, v in leaks.items() if v}
+
+
+async def run_async(rt: Any, ops: int, tasks: int, seed: int, faults: bool, period: float,
+                    progress: Any) -> Stats:
+    stats, budget, faults_on = Stats(), [ops], [False]
+    rng = random.Random(seed)
+    stop = asyncio.Event()
+    inj = asyncio.ensure_future(injector(rt, rng, stop, stats, faults_on, period)) if faults else None
+    report = asyncio.ensure_future(_report(stats, ops, progress, stop))
+    await asyncio.gather(*(worker(seed * 1000 + i, rt.devices, budget, stats, faults_on) for i in range(tasks)))
+    stop.set()
+    for t in (inj, report):
+        if t is not None:
+            await t
+    return stats
+
+
+async def _report(stats: Stats, total: int, progress: Any, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        progress(f"{stats.ops}/{total} ops, {stats.faults} faults, {stats.failed} failed as expected, "
+                 f"{stats.mismatches} mismatches")
+        try:
+            await asyncio.wait_for(stop.wait(), 2.0)
+        except asyncio.TimeoutError:
+            pass
+
+
+def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool = True,
+               period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, dict]:
+    """Run the stress workload on a fresh emulated runtime; returns (stats, leaks)."""
+    rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
+    try:
+        stats = asyncio.run(run_async(rt, ops, tasks, seed, faults, period, progress))
+        rt.api.emulator.faults.reset()
+        wait_idle(rt, 30)
+        import gc
+        gc.collect()
+        leaks = count_leaks(rt)
+        stats.faults = max(stats.faults, len(rt.api.emulator.faults.fired))
+    finally:
+        rt.close()
+    return stats, leaks
+
+
+def summary_line(stats: Stats, leaks: dict) -> str:
+    return (f"stress: {stats.ops} ops, {stats.faults} faults injected, {stats.failed} futures failed as "
+            f"expected, {stats.mismatches} mismatches, {sum(leaks.values())} leaks, {stats.hangs} hangs")
+
+
+def run(args: argparse.Namespace) -> int:
+    ops = args.ops or (10_000 if args.quick else 100_000)
+    tasks = 64 if args.quick else 256
+    t0 = time.monotonic()
+
+    def progress(msg: str) -> None:
+        print(f"  [{time.monotonic() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+
+    stats, leaks = run_stress(ops=ops, gpus=args.gpus, seed=args.seed, tasks=tasks, progress=progress)
+    for note in stats.notes[:20]:
+        print(f"  note: {note}")
+    if leaks:
+        print(f"  leaks: {leaks}")
+    if stats.unexpected:
+        print(f"  {stats.unexpected} unexpected failures")
+    print(summary_line(stats, leaks))
+    ok = not (stats.mismatches or leaks or stats.hangs or stats.unexpected)
+    return 0 if ok else 1

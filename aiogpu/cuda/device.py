@@ -1,0 +1,314 @@
+"""One NVIDIA GPU as aiogpu sees it: its primary context, memory, lanes, kernels, launches."""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .. import ordering
+from ..device import check_after, check_args, check_launch
+from ..kernels import Kernel
+from ..memory import BLOCK, SMALL_LIMIT, Buffer, BuddyAllocator, round_up
+from . import driver as D
+from . import nvrtc
+from .driver import cu
+from .streams import CompletionWords, EventPool, Lane
+
+_FORMATS = {"f32": "f", "f64": "d", "i8": "b", "i16": "h", "i32": "i", "i64": "q",
+            "u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
+
+
+class LoadedCudaKernel:
+    """A kernel loaded in one context, with its argument packing prepared once.
+
+    Each argument sits at its natural C alignment in one parameter block; ``kernelParams`` is an
+    array of pointers into it. The driver copies the values during ``cuLaunchKernel``, so the
+    block is reused by every launch (under the runtime lock)."""
+
+    def __init__(self, kernel: Kernel, func: Any, module: Any):
+        self.kernel, self.func, self.module = kernel, func, module
+        self.fmt, self.offsets, self.size = layout(kernel.args)
+        self._block = ctypes.create_string_buffer(max(self.size, 8))
+        base = ctypes.addressof(self._block)
+        self._ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
+        self.params = ctypes.addressof(self._ptrs) if self.offsets else 0
+        self._pack = struct.Struct(self.fmt).pack_into
+
+    def pack(self, values: Sequence[Any]) -> int:
+        """Write ``values`` into the shared block; the ``kernelParams`` address."""
+        if self.offsets:
+            self._pack(self._block, 0, *values)
+        return self.params
+
+    def packed_copy(self, values: Sequence[Any]) -> tuple[int, list]:
+        """A private parameter block (for graph nodes): (kernelParams address, keep-alive)."""
+        block = ctypes.create_string_buffer(max(self.size, 8))
+        if self.offsets:
+            struct.pack_into(self.fmt, block, 0, *values)
+        base = ctypes.addressof(block)
+        ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
+        return (ctypes.addressof(ptrs) if self.offsets else 0), [block, ptrs]
+
+
+def layout(args: tuple) -> tuple[str, list[int], int]:
+    """struct format (with padding), offsets and size of a parameter block."""
+    fmt, offsets, off = "<", [], 0
+    for a in args:
+        size = 8 if a.pointer else a.dtype.itemsize
+        pad = (-off) % size
+        fmt += "x" * pad
+        off += pad
+        offsets.append(off)
+        fmt += "Q" if a.pointer else _FORMATS[a.type_name]
+        off += size
+    return fmt, offsets, off
+
+
+class CudaMemory:
+    """Device memory: the buddy sub-allocator over 2 MiB ``cuMemAlloc`` blocks for small
+    buffers; large ones rounded up to 2 MiB at 2 MiB-aligned addresses (as on HSA)."""
+
+    def __init__(self, device: "CudaDevice"):
+        self.device = device
+        self._bases: dict[int, int] = {}
+        self._all: set[int] = set()
+        self.small = BuddyAllocator(lambda: self._aligned(BLOCK), self._free_raw)
+        self.large: dict[int, int] = {}
+
+    def alloc(self, nbytes: int) -> tuple[int, int]:
+        if nbytes <= SMALL_LIMIT:
+            addr = self.small.alloc(nbytes)
+            return addr, 1 << self.small.order_for(nbytes)
+        size = round_up(nbytes, BLOCK)
+        addr = self._aligned(size)
+        self.large[addr] = size
+        return addr, size
+
+    def free(self, addr: int) -> None:
+        if addr in self.large:
+            del self.large[addr]
+            self._free_raw(addr)
+        else:
+            self.small.free(addr)
+
+    def _raw(self, size: int) -> int:
+        self.device.make_current()
+        return int(D.check(cu.cuMemAlloc(size), f"cuMemAlloc({size})"))
+
+    def _aligned(self, size: int) -> int:
+        ptr = self._raw(size)
+        if ptr % BLOCK:
+            cu.cuMemFree(ptr)
+            base = self._raw(size + BLOCK)
+            ptr = round_up(base, BLOCK)
+            self._bases[ptr] = base
+        self._all.add(ptr)
+        return ptr
+
+    def _free_raw(self, addr: int) -> None:
+        self._all.discard(addr)
+        self.device.make_current()
+        cu.cuMemFree(self._bases.pop(addr, addr))
+
+    def destroy(self) -> None:
+        for addr in list(self._all):
+            self._free_raw(addr)
+
+
+class CudaDevice:
+    """One NVIDIA GPU: ``alloc`` buffers, ``launch`` kernels; copies go through ``aiogpu.copy``.
+
+    Work runs on lanes (streams): ``compute`` lanes for kernels, and the copy lanes ``h2d``,
+    ``d2h``, ``d2d`` and ``peer`` that stand in for the DMA engines.
+    """
+
+    def __init__(self, runtime: Any, index: int, *, compute_streams: int):
+        self.runtime, self.index = runtime, index
+        self.name = f"gpu{index}"
+        self.cudev = D.check(cu.cuDeviceGet(index), "cuDeviceGet")
+        self.ctx = _retain_primary(self.cudev)
+        self.ctx_handle = int(self.ctx)
+        self.broken: Any = None
+        raw = D.check(cu.cuDeviceGetName(128, self.cudev), "cuDeviceGetName")
+        self.product = raw.split(b"\0", 1)[0].decode(errors="replace")
+        self.cc = (D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+                   D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
+        self.isa = f"sm_{self.cc[0]}{self.cc[1]}"
+        self.max_grid = tuple(D.attribute(self.cudev, f"CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_{a}") for a in "XYZ")
+        self.host_pointer_ok = bool(D.attribute(
+            self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"))
+        self.events = EventPool(self)
+        self.memops = bool(D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS"))
+        self.words = CompletionWords(self) if self.memops and runtime.completion_words else None
+        self.memory = CudaMemory(self)
+        self.compute = [Lane(self, f"{self.name}.s{i}", "compute") for i in range(compute_streams)]
+        self.h2d = Lane(self, f"{self.name}.h2d", "h2d")
+        self.d2h = Lane(self, f"{self.name}.d2h", "d2h")
+        self.d2d = Lane(self, f"{self.name}.d2d", "d2d")
+        self.peer = Lane(self, f"{self.name}.peer", "peer")
+        self.lanes = [*self.compute, self.h2d, self.d2h, self.d2d, self.peer]
+        self.peers: set[int] = set()
+        self._rr = itertools.cycle(range(compute_streams))
+        self._kernels: dict[Kernel, LoadedCudaKernel] = {}
+        self._shapes: dict[tuple, tuple] = {}
+
+    def __repr__(self) -> str:
+        return f"<CudaDevice {self.name} {self.product} {self.isa} (cuda)>"
+
+    def make_current(self) -> None:
+        D.make_current(self.ctx, self.ctx_handle)
+
+    # -- memory --------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> Buffer:
+        """``nbytes`` of device memory (synchronous, cheap; contents undefined)."""
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
+        if nbytes <= 0:
+            raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
+        with self.runtime.lock:
+            self.runtime.check_open()
+            address, _ = self.memory.alloc(int(nbytes))
+        return Buffer(self, address, int(nbytes), self._release)
+
+    def _release(self, address: int) -> None:
+        with self.runtime.lock:
+            if not self.runtime.closed:
+                self.memory.free(address)
+
+    # -- kernels -------------------------------------------------------------------------------
+    def loaded(self, kernel: Kernel) -> LoadedCudaKernel:
+        """``kernel`` compiled (NVRTC, cached per process) and loaded in this context."""
+        got = self._kernels.get(kernel)
+        if got is None:
+            code = kernel.cuda
+            if code is None:
+                raise ValueError(f"kernel {kernel.name!r} has no CUDA implementation (cuda=)")
+            if isinstance(code, str):
+                code, _kind = nvrtc.compile_source(code, kernel.name, *self.cc)
+            self.make_current()
+            module = D.check(cu.cuModuleLoadData(code), f"cuModuleLoadData({kernel.name})")
+            err, func = cu.cuModuleGetFunction(module, kernel.name.encode())
+            if err != 0:
+                cu.cuModuleUnload(module)
+                raise ValueError(f"the CUDA code of kernel {kernel.name!r} has no extern \"C\" "
+                                 f"__global__ function named {kernel.name!r} ({D.error_name(err)})")
+            if hasattr(cu, "cuFuncLoad"):
+                # Load it now rather than at its first launch: with lazy loading, a first
+                # launch may wait for kernels already running on the device.
+                cu.cuFuncLoad(func)
+            got = self._kernels[kernel] = LoadedCudaKernel(kernel, func, module)
+        return got
+
+    def _check_args(self, kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict]:
+        return check_args(self, kernel, args)
+
+    def blocks(self, grid: tuple, block: tuple) -> tuple[tuple, tuple]:
+        """CUDA's (gridDim, blockDim) for an HSA-style grid of work-items (ValueError if too big)."""
+        blocks = tuple(-(-g // b) for g, b in zip(grid, block))
+        for axis, (n, limit) in enumerate(zip(blocks, self.max_grid)):
+            if n > limit:
+                raise ValueError(f"grid {grid} with block {block} needs {n} blocks along axis {axis}; "
+                                 f"{self.name} allows {limit}")
+        pad = (1,) * (3 - len(grid))
+        return blocks + pad, tuple(block) + pad
+
+    def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
+               after: Iterable[Any] = ()) -> Any:
+        """Launch ``kernel`` over ``grid`` work-items in blocks of ``block`` (ceil(grid/block)
+        CUDA blocks). Returns a GPUFuture at once; bad input raises before submission."""
+        rt = self.runtime
+        try:
+            key = (kernel, grid, block)
+            grid, block, dims = self._shapes[key]          # validated before: same answer
+        except (KeyError, TypeError):
+            grid, block = check_launch(kernel, grid, block)
+            dims = self.blocks(grid, block)
+            if len(self._shapes) < 1024:
+                try:
+                    self._shapes[key] = (grid, block, dims)
+                except TypeError:                          # lists: not cached
+                    pass
+        values, _lengths, buffers = check_args(self, kernel, args)
+        after = check_after(rt, after) if after else []
+        capture = rt.capturing()
+        if capture is not None:
+            return capture.record_launch(self, kernel, grid, block, tuple(args), after)
+        with rt.lock:
+            rt.check_open()
+            loaded = self.loaded(kernel)
+            reads = list(buffers.values())
+            writes = [buffers[i] for i in kernel.writes if i in buffers]
+            return self.dispatch(loaded, kernel.name, dims, values, reads, writes, after)
+
+    def dispatch(self, loaded: LoadedCudaKernel, label: str, dims: tuple, values: Sequence[Any],
+                 reads: list, writes: list, after: list, *, keep: list = (), cleanup: list = (),
+                 lane: Any = None) -> Any:
+        """Submit one kernel launch with its dependencies (under the runtime lock)."""
+        deps = ordering.dependencies(reads, writes, after)
+        lane = lane or self.pick_lane(deps)
+        params = loaded.pack(values)
+        func, (grid3, block3) = loaded.func, dims
+        hot = D.HOT
+        return self.runtime.submit(self, lane, label, deps,
+                                   lambda stream: hot.kernel(func, grid3, block3, stream, params),
+                                   reads, writes, keep, cleanup)
+
+    def pick_lane(self, deps: dict) -> Lane:
+        """The compute lane of the newest live dependency on this device (stream order then
+        suffices for it), else the next compute lane round-robin."""
+        for fut in reversed(list(deps)):
+            lane = getattr(fut, "lane", None)
+            if lane is not None and lane.device is self and lane.kind == "compute" and not fut.retired:
+                return lane
+        return self.compute[next(self._rr)]
+
+    # -- interop (Buffer.__cuda_array_interface__ / __dlpack__ delegate here) ------------------------
+    def cuda_array_interface(self, buf: Buffer) -> dict:
+        from .interop import cuda_array_interface
+        return cuda_array_interface(buf)
+
+    def dlpack(self, buf: Buffer, **kw: Any) -> Any:
+        from .interop import to_dlpack
+        return to_dlpack(buf, **kw)
+
+    def dlpack_device(self, buf: Buffer) -> tuple[int, int]:
+        from .interop import KDL_CUDA
+        return (KDL_CUDA, self.index)
+
+    # -- shutdown ------------------------------------------------------------------------------
+    def destroy(self) -> None:
+        self.make_current()
+        cu.cuCtxSynchronize()
+        for lane in self.lanes:
+            lane.destroy()
+        self.events.destroy()
+        if self.words is not None:
+            self.words.destroy()
+        for loaded in self._kernels.values():
+            cu.cuModuleUnload(loaded.module)
+        self._kernels.clear()
+        self.memory.destroy()
+
+    def release_context(self) -> None:
+        cu.cuDevicePrimaryCtxRelease(self.cudev)
+        if self.broken is not None:
+            # The context hit a sticky error: only a reset makes the device usable again.
+            cu.cuDevicePrimaryCtxReset(self.cudev)
+
+
+def _retain_primary(cudev: Any) -> Any:
+    """The device's primary context (shared with torch/cupy), reset first if a sticky error
+    from an earlier user left it unusable."""
+    ctx = D.check(cu.cuDevicePrimaryCtxRetain(cudev), "cuDevicePrimaryCtxRetain")
+    D.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    D.forget_current()
+    (err,) = cu.cuCtxSynchronize()
+    if err in D.STICKY:
+        cu.cuDevicePrimaryCtxRelease(cudev)
+        cu.cuDevicePrimaryCtxReset(cudev)
+        ctx = D.check(cu.cuDevicePrimaryCtxRetain(cudev), "cuDevicePrimaryCtxRetain")
+        D.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx

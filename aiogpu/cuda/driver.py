@@ -1,0 +1,232 @@
+"""The CUDA driver API through cuda-bindings: checked calls, error names, contexts, and the
+few calls on the submission hot path.
+
+Every call of ``cuda.bindings.driver`` returns ``(CUresult, *values)``; ``check`` turns a failure
+into ``CudaError`` (a ``GPUError`` whose ``status`` is the CUresult). The hot path (launch, event
+record/query/wait, async copy) goes through ``HOT``, which calls cuda-bindings with cached handle
+objects, or libcuda directly through ctypes when ``AIOGPU_CUDA_HOT=ctypes`` (both measured by the
+benchmark; same library, same semantics).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from ..errors import GPUError
+
+SUCCESS = 0
+NOT_READY = int(cu.CUresult.CUDA_ERROR_NOT_READY)
+ALREADY_REGISTERED = int(cu.CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+PEER_ALREADY_ENABLED = int(cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+
+A = cu.CUdevice_attribute
+EVENT_DISABLE_TIMING = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+EVENT_BLOCKING_SYNC = int(cu.CUevent_flags.CU_EVENT_BLOCKING_SYNC)
+STREAM_NON_BLOCKING = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+HOSTREGISTER_PORTABLE = int(cu.CU_MEMHOSTREGISTER_PORTABLE)
+HOSTREGISTER_DEVICEMAP = int(cu.CU_MEMHOSTREGISTER_DEVICEMAP)
+HOSTALLOC_PORTABLE = 1
+HOSTALLOC_DEVICEMAP = int(cu.CU_MEMHOSTALLOC_DEVICEMAP)
+
+# Errors after which the context is unusable (CUDA errors are sticky per context).
+STICKY = {int(getattr(cu.CUresult, n)) for n in (
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
+    "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
+    "CUDA_ERROR_ECC_UNCORRECTABLE", "CUDA_ERROR_CONTEXT_IS_DESTROYED") if hasattr(cu.CUresult, n)}
+
+
+class CudaError(GPUError):
+    """A CUDA driver call failed; ``status`` is the CUresult."""
+
+
+def error_name(code: Any) -> str:
+    try:
+        err, text = cu.cuGetErrorName(code)
+        if int(err) == 0 and text:
+            return text.decode()
+    except Exception:  # noqa: BLE001
+        pass
+    return f"CUresult {int(code)}"
+
+
+def check(result: Any, what: str) -> Any:
+    """The values of a cuda-bindings call, or CudaError naming ``what`` and the CUresult."""
+    err = result[0]
+    if err != 0:
+        raise CudaError(f"{what}: {error_name(err)}", status=int(err))
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def attribute(dev: Any, name: str) -> int:
+    return check(cu.cuDeviceGetAttribute(getattr(A, name), dev), f"cuDeviceGetAttribute({name})")
+
+
+# -- contexts --------------------------------------------------------------------------------------
+_tls = threading.local()
+_generation = [0]
+
+
+def make_current(ctx: Any, handle: int) -> None:
+    """Make ``ctx`` current on this thread (a no-op when it already is, in this generation:
+    closing a runtime starts a new one, since a released primary context may come back)."""
+    key = (handle, _generation[0])
+    if getattr(_tls, "ctx", None) != key:
+        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        _tls.ctx = key
+
+
+def forget_current() -> None:
+    """Every thread sets its context again before its next call."""
+    _generation[0] += 1
+
+
+# -- the hot path ------------------------------------------------------------------------------------
+class _BindingsHot:
+    """Hot calls through cuda-bindings (handles are the cached CU* objects)."""
+
+    name = "cuda-bindings"
+
+    def __init__(self) -> None:
+        self.launch = cu.cuLaunchKernel
+        self._record, self._query, self._wait = cu.cuEventRecord, cu.cuEventQuery, cu.cuStreamWaitEvent
+        self._memcpy = cu.cuMemcpyAsync
+
+    def record(self, event: Any, stream: Any) -> int:
+        return self._record(event, stream)[0]
+
+    def query(self, event: Any) -> int:
+        return self._query(event)[0]
+
+    def wait(self, stream: Any, event: Any) -> int:
+        return self._wait(stream, event, 0)[0]
+
+    def memcpy(self, dst: int, src: int, n: int, stream: Any) -> int:
+        return self._memcpy(dst, src, n, stream)[0]
+
+    def kernel(self, func: Any, grid: tuple, block: tuple, stream: Any, params: int) -> int:
+        return self.launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
+                           params, 0)[0]
+
+
+class _CtypesHot:
+    """The same calls straight into libcuda through ctypes (handles as CU* objects; their int
+    values are taken once per object and cached by the caller)."""
+
+    name = "ctypes"
+
+    def __init__(self) -> None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, u, sz = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
+        self._launch = lib.cuLaunchKernel
+        self._launch.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        self._record = lib.cuEventRecord
+        self._record.argtypes = [vp, vp]
+        self._query = lib.cuEventQuery
+        self._query.argtypes = [vp]
+        self._wait = lib.cuStreamWaitEvent
+        self._wait.argtypes = [vp, vp, u]
+        self._memcpy = lib.cuMemcpyAsync
+        self._memcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, sz, vp]
+
+    def record(self, event: Any, stream: Any) -> int:
+        return self._record(int(event), int(stream))
+
+    def query(self, event: Any) -> int:
+        return self._query(int(event))
+
+    def wait(self, stream: Any, event: Any) -> int:
+        return self._wait(int(stream), int(event), 0)
+
+    def memcpy(self, dst: int, src: int, n: int, stream: Any) -> int:
+        return self._memcpy(dst, src, n, int(stream))
+
+    def kernel(self, func: Any, grid: tuple, block: tuple, stream: Any, params: int) -> int:
+        return self._launch(int(func), grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
+                            int(stream), params, None)
+
+
+def _hot() -> Any:
+    if os.environ.get("AIOGPU_CUDA_HOT", "").lower() == "ctypes":
+        try:
+            return _CtypesHot()
+        except OSError:
+            pass
+    return _BindingsHot()
+
+
+HOT = _hot()
+
+
+# -- host functions without Python: libc's sem_post as the CUhostFn ---------------------------------
+_libc = ctypes.CDLL(None, use_errno=True)
+SEM_POST = ctypes.cast(_libc.sem_post, ctypes.c_void_p).value
+_sem_post = _libc.sem_post
+_sem_post.argtypes = [ctypes.c_void_p]
+_sem_wait = _libc.sem_timedwait
+_sem_wait.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+_sem_trywait = _libc.sem_trywait
+_sem_trywait.argtypes = [ctypes.c_void_p]
+_clock_gettime = _libc.clock_gettime
+_clock_gettime.argtypes = [ctypes.c_int, ctypes.c_void_p]
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class Semaphore:
+    """A POSIX semaphore in memory that C code (the driver's callback thread) posts with
+    ``sem_post`` and the waiter thread waits on with the GIL released (ctypes drops it)."""
+
+    def __init__(self) -> None:
+        self._mem = ctypes.create_string_buffer(64)   # sizeof(sem_t) is 32 on x86-64 glibc
+        self.address = ctypes.addressof(self._mem)
+        if _libc.sem_init(ctypes.c_void_p(self.address), 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+        self._ts = _Timespec()
+
+    def post(self) -> None:
+        _sem_post(self.address)
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds (GIL released); True if posted."""
+        ts = self._ts
+        _clock_gettime(0, ctypes.byref(ts))   # CLOCK_REALTIME, as sem_timedwait wants
+        ns = ts.tv_nsec + int(timeout * 1e9)
+        ts.tv_sec += ns // 1_000_000_000
+        ts.tv_nsec = ns % 1_000_000_000
+        return _sem_wait(self.address, ctypes.byref(ts)) == 0
+
+    def drain(self) -> int:
+        n = 0
+        while _sem_trywait(self.address) == 0:
+            n += 1
+        return n
+
+    def destroy(self) -> None:
+        _libc.sem_destroy(ctypes.c_void_p(self.address))
+
+
+_launch_host_func = None
+
+
+def launch_host_func(stream: Any, fn: int, data: int) -> int:
+    """``cuLaunchHostFunc(stream, fn, data)`` with a C function pointer: straight into libcuda,
+    so that the driver thread calls ``fn`` (e.g. sem_post) and never enters Python."""
+    global _launch_host_func
+    if _launch_host_func is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            f = lib.cuLaunchHostFunc
+            f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+            _launch_host_func = lambda s, fn_, d: f(int(s), fn_, d)  # noqa: E731
+        except OSError:   # the driver library under another name: cuda-bindings' C trampoline
+            _launch_host_func = lambda s, fn_, d: cu.cuLaunchHostFunc(s, cu.CUhostFn(fn_), d)[0]  # noqa: E731
+    return _launch_host_func(stream, fn, data)

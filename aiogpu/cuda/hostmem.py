@@ -1,0 +1,209 @@
+"""Host arrays for DMA: page-locked registration (cached, counted) and pinned staging.
+
+- **Registration** (``cuMemHostRegister``, portable + device-mapped): the copy engines read and
+  write the user's array in place. A registration covers whole pages, so two arrays that share a
+  page would overlap: overlapping idle registrations are merged into one. Registrations stay
+  cached while their arrays live (a weak reference to the array's owner unregisters them when it
+  dies, before its memory is freed), so copying the same array again costs no pinning; idle
+  ones beyond ``CACHE_BYTES`` are dropped oldest first. ``in_use`` counts the registrations
+  pending copies hold (the leak checks' ``host_locks``).
+- **Staging** (``cuMemHostAlloc``): small host-to-device copies (at most ``STAGE_LIMIT`` bytes)
+  are copied into a pinned block at submission when nothing pending writes the array; and when an
+  array's pages are held by a busy registration that does not cover it, the copy goes through a
+  bounce block of its own (device-to-host: copied into the array on the host before the future
+  completes).
+- Memory that is already page-locked by someone else (``torch.Tensor.pin_memory()``, CuPy's
+  pinned allocator, ``cuMemHostAlloc``) is used as it is.
+"""
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+
+from . import driver as D
+from .driver import cu
+
+PAGE = mmap.PAGESIZE
+STAGE_LIMIT = 64 << 10
+STAGE_MIN = 4 << 10
+CACHE_BYTES = 4 << 30
+
+
+class _Run:
+    __slots__ = ("start", "end", "users", "finalizers", "dead")
+
+    def __init__(self, start: int, end: int):
+        self.start, self.end = start, end
+        self.users = 0
+        self.finalizers: list = []
+        self.dead = False      # an owner died: unregister once idle
+
+
+class HostMemory:
+    """Registrations and staging blocks of one runtime (guarded by the runtime lock)."""
+
+    def __init__(self, runtime: Any):
+        self.rt = runtime
+        self._starts: list[int] = []
+        self._runs: dict[int, _Run] = {}
+        self._idle: OrderedDict[int, _Run] = OrderedDict()   # LRU of idle cached runs
+        self._stage_free: dict[int, list[int]] = {}
+        self._stage_all: list[int] = []
+        self.registered_bytes = 0
+        self.foreign_pinned = 0
+
+    # -- public ------------------------------------------------------------------------------------
+    @property
+    def in_use(self) -> int:
+        return sum(1 for r in self._runs.values() if r.users)
+
+    def pin(self, arr: np.ndarray) -> tuple[int, Callable[[], None]] | None:
+        """(device-usable pointer, release) for DMA on ``arr`` in place; None when its pages are
+        held by a busy registration that does not cover it (the caller then bounces)."""
+        addr, n = arr.__array_interface__["data"][0], arr.nbytes
+        start, end = addr // PAGE * PAGE, -(-(addr + n) // PAGE) * PAGE
+        run = self._covering(start, end)
+        if run is None:
+            overlapping = self._overlapping(start, end)
+            if any(r.users for r in overlapping):
+                return None
+            owners = []
+            for r in overlapping:       # merge idle neighbours that share pages with this one
+                start, end = min(start, r.start), max(end, r.end)
+                owners += self._unregister(r)
+            self.rt.devices[0].make_current()
+            (err,) = cu.cuMemHostRegister(start, end - start,
+                                          D.HOSTREGISTER_PORTABLE | D.HOSTREGISTER_DEVICEMAP)
+            if err == D.ALREADY_REGISTERED or (err != 0 and self._pinned_elsewhere(addr)):
+                if self._pinned_elsewhere(addr):
+                    self.foreign_pinned += 1
+                    return addr, _noop
+                return None
+            if err != 0:
+                raise D.CudaError(f"cuMemHostRegister({end - start} bytes): {D.error_name(err)}",
+                                  status=int(err))
+            run = _Run(start, end)
+            self._insert(run)
+            for owner in owners:
+                self._own_object(run, owner)
+        self._own(run, arr)
+        run.users += 1
+        self._idle.pop(run.start, None)
+        return addr, lambda: self._release(run)
+
+    def stage(self, nbytes: int) -> tuple[int, Callable[[], None]]:
+        """A pinned, device-mapped block of at least ``nbytes``; release gives it back."""
+        size = max(STAGE_MIN, 1 << (max(nbytes, 1) - 1).bit_length())
+        free = self._stage_free.setdefault(size, [])
+        if free:
+            ptr = free.pop()
+        else:
+            self.rt.devices[0].make_current()
+            ptr = int(D.check(cu.cuMemHostAlloc(size, D.HOSTALLOC_PORTABLE | D.HOSTALLOC_DEVICEMAP),
+                              f"cuMemHostAlloc({size})"))
+            self._stage_all.append(ptr)
+        return ptr, lambda: free.append(ptr)
+
+    def close(self) -> None:
+        for run in list(self._runs.values()):
+            self._unregister(run)
+        for ptr in self._stage_all:
+            cu.cuMemFreeHost(ptr)
+        self._stage_all.clear()
+        self._stage_free.clear()
+
+    # -- registrations -------------------------------------------------------------------------------
+    def _pinned_elsewhere(self, addr: int) -> bool:
+        err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)
+        return err == 0 and int(kind) == int(cu.CUmemorytype.CU_MEMORYTYPE_HOST)
+
+    def _covering(self, start: int, end: int) -> _Run | None:
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i >= 0:
+            run = self._runs[self._starts[i]]
+            if run.end >= end and not run.dead:
+                return run
+        return None
+
+    def _overlapping(self, start: int, end: int) -> list[_Run]:
+        i = max(0, bisect.bisect_right(self._starts, start) - 1)
+        out = []
+        while i < len(self._starts) and self._starts[i] < end:
+            run = self._runs[self._starts[i]]
+            if run.end > start:
+                out.append(run)
+            i += 1
+        return out
+
+    def _insert(self, run: _Run) -> None:
+        bisect.insort(self._starts, run.start)
+        self._runs[run.start] = run
+        self.registered_bytes += run.end - run.start
+
+    def _own(self, run: _Run, arr: np.ndarray) -> None:
+        owner = arr
+        while isinstance(owner, np.ndarray) and owner.base is not None:
+            owner = owner.base
+        self._own_object(run, owner)
+
+    def _own_object(self, run: _Run, owner: Any) -> None:
+        if any(f.peek() and f.peek()[0] is owner for f in run.finalizers if f.alive):
+            return
+        try:
+            run.finalizers.append(weakref.finalize(owner, self._owner_died, run))
+        except TypeError:            # not weakly referenceable: no caching for this run
+            run.dead = True
+
+    def _owner_died(self, run: _Run) -> None:
+        rt = self.rt
+        with rt.lock:
+            run.dead = True
+            if run.users == 0 and not rt.closed and self._runs.get(run.start) is run:
+                self._unregister(run)
+
+    def _release(self, run: _Run) -> None:
+        run.users -= 1
+        if run.users:
+            return
+        if run.dead:
+            self._unregister(run)
+            return
+        self._idle[run.start] = run
+        while self.registered_bytes > CACHE_BYTES and self._idle:
+            _, old = self._idle.popitem(last=False)
+            self._unregister(old)
+
+    def _unregister(self, run: _Run) -> list:
+        """Unregister ``run``; returns the live owners it was tied to."""
+        if self._runs.pop(run.start, None) is None:
+            return []
+        self._starts.remove(run.start)
+        self._idle.pop(run.start, None)
+        self.registered_bytes -= run.end - run.start
+        owners = []
+        for f in run.finalizers:
+            got = f.detach()
+            if got is not None:
+                owners.append(got[0])
+        run.finalizers = []
+        self.rt.devices[0].make_current()
+        cu.cuMemHostUnregister(run.start)
+        return owners
+
+
+def _noop() -> None:
+    pass
+
+
+def host_pointer(arr: np.ndarray) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+def memmove(dst: int, src: int, n: int) -> None:
+    ctypes.memmove(dst, src, n)

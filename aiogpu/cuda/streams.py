@@ -1,0 +1,122 @@
+"""Lanes (a CUDA stream, its completion word and the futures pending on it) and event pools.
+
+A lane is to the CUDA backend what an AQL queue or an SDMA engine is to HSA: work on one lane
+runs in order. After operation *t* a lane records an event (the device-side dependency handle:
+``cuStreamWaitEvent``) and, where the device supports 64-bit stream memory operations, writes
+*t* into its **completion word**, a 64-bit word in pinned, device-mapped host memory
+(``cuStreamWriteValue64``, ordered after the operation with a memory barrier). So "is *t* done"
+is one load of host memory (about 0.05 us) instead of a ``cuEventQuery`` (about 2 us on the
+H200 machine), and when it reads done every operation before *t* on the lane is done too (the
+spin and the waiter settle whole prefixes). Events stay the ground truth for errors: a sticky
+CUDA error shows as an event query failure, never as a word.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import deque
+from typing import Any
+
+from . import driver as D
+from .driver import cu
+
+WORD_STRIDE = 64         # one cache line per lane: the GPU's writes never share a line
+PAGE = 4096
+
+
+class EventPool:
+    """Events of one context (timing disabled: cheapest to record). An event goes back to the
+    pool when its future has retired: a ``cuStreamWaitEvent`` already issued keeps waiting on
+    the record it saw, so re-recording a pooled event never disturbs earlier waits."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self._free: list[Any] = []
+        self.in_use = 0
+        self.created = 0
+
+    def acquire(self) -> Any:
+        self.in_use += 1
+        if self._free:
+            return self._free.pop()
+        self.device.make_current()
+        self.created += 1
+        return D.check(cu.cuEventCreate(D.EVENT_DISABLE_TIMING), "cuEventCreate")
+
+    def release(self, event: Any) -> None:
+        self.in_use -= 1
+        self._free.append(event)
+
+    def destroy(self) -> None:
+        for ev in self._free:
+            cu.cuEventDestroy(ev)
+        self._free.clear()
+
+
+class CompletionWords:
+    """Pinned, device-mapped host pages carved into one completion word per lane."""
+
+    def __init__(self, device: Any):
+        self.device = device
+        self._pages: list[int] = []
+        self._next = PAGE
+
+    def slot(self) -> tuple[int, Any]:
+        """(host address, device pointer object) of a fresh word, zeroed."""
+        if self._next + WORD_STRIDE > PAGE:
+            self.device.make_current()
+            host = int(D.check(cu.cuMemHostAlloc(PAGE, D.HOSTALLOC_PORTABLE | D.HOSTALLOC_DEVICEMAP),
+                               "cuMemHostAlloc(completion words)"))
+            ctypes.memset(host, 0, PAGE)
+            self._pages.append(host)
+            self._next = 0
+        host = self._pages[-1] + self._next
+        self._next += WORD_STRIDE
+        dptr = D.check(cu.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer")
+        return host, cu.CUdeviceptr(int(dptr))
+
+    def destroy(self) -> None:
+        for host in self._pages:
+            cu.cuMemFreeHost(host)
+        self._pages.clear()
+
+
+class Lane:
+    """One CUDA stream of a device, its completion word and pending futures (ticket order).
+
+    ``spin`` is this lane's adaptive spin window (seconds); ``rate`` the copy bandwidth it has
+    shown (bytes/s, None until learned), from which an awaiter of a long copy predicts when to
+    start spinning."""
+
+    __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
+                 "spin", "rate")
+
+    def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
+        self.device, self.name, self.kind = device, name, kind
+        device.make_current()
+        self.stream = D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority),
+                              f"cuStreamCreate({name})")
+        self.ticket = 0          # operations submitted so far
+        self.armed = 0           # a host-function wake-up is queued after this ticket
+        self.pending: deque = deque()
+        self.spin = device.runtime.hub.spin_s
+        self.rate: float | None = None
+        self.word = self.dptr = None
+        if device.words is not None:
+            host, self.dptr = device.words.slot()
+            self.word = ctypes.c_uint64.from_address(host)
+
+    @property
+    def handle(self) -> int:
+        return int(self.stream)
+
+    def done_upto(self) -> int:
+        """The last ticket known complete from the word (0 without a word)."""
+        return self.word.value if self.word is not None else 0
+
+    def destroy(self) -> None:
+        if self.stream is not None:
+            cu.cuStreamDestroy(self.stream)
+            self.stream = None
+
+    def __repr__(self) -> str:
+        return f"<Lane {self.name} ticket={self.ticket} pending={len(self.pending)}>"

@@ -1,0 +1,338 @@
+"""CUDA completions: ``CudaFuture`` and ``CudaHub`` (the spin, the wake-ups, the waiter thread).
+
+A CUDA future is (lane, ticket, event): after the operation its lane records the event and
+writes the ticket into the lane's completion word in host memory (streams.py). How a
+completion reaches an awaiter, fastest first:
+
+1. **Adaptive spin on the loop** (asyncio/uvloop): ``await`` first polls the completion word
+   (one memory load; ``cuEventQuery`` where the device lacks stream memory operations) for up to
+   the lane's spin window, yielding to the loop between polls so other tasks run. Short work
+   completes inside it, so the await costs about the synchronous floor and no thread is
+   involved. Each lane adapts its window: it halves after a poll that ran out (long kernels: little
+   CPU spent) and grows after a hit, within [``SPIN_MIN_S``, ``spin_s``]. A copy whose end can be
+   predicted from the bandwidth its lane has shown first sleeps on the loop (a timer, no CPU)
+   until shortly before that end, then spins.
+2. **Parked awaiters** (the spin ran out; trio; ``wait()`` from threads; done-callbacks) *arm*
+   their lane: one ``cuLaunchHostFunc`` of libc's ``sem_post`` is queued on the lane's stream
+   after its current work (once per lane until that point is passed). The driver's callback
+   thread runs ``sem_post`` in C: no Python runs on a driver thread.
+3. **The waiter thread** (one per runtime) blocks in ``sem_timedwait`` with the GIL released.
+   After any wake-up it rescans every lane (level-triggered): it settles each lane's prefix up to
+   its completion word, and queries the event of the first future beyond it (errors, and lanes
+   without words), handing each event loop its awaiters in one batch. A bounded timeout guards
+   against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
+   else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second.
+
+Errors: an event query that returns an error other than NOT_READY means the context hit a
+sticky error (illegal address, trap, ...): every pending future of that device fails with a
+``GPUError`` naming the CUDA error, and so do their dependents on other devices; the device is
+marked broken (later work on it fails at once) until the runtime is closed, which resets the
+device's primary context.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from typing import Any, Callable
+
+from .. import _loops
+from ..errors import GPUError
+from ..futures import DONE, FAILED, PENDING, FutureHub, GPUFuture, submission_scope  # noqa: F401
+from . import driver as D
+
+LOST_WAKEUP_GUARD_S = 0.1
+UNCOVERED_GUARD_S = 0.005
+SPIN_MIN_S = 20e-6
+DEFAULT_SPIN_S = 1e-3
+PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
+PRESLEEP_MARGIN_S = 1e-3   # ... until this long before their predicted end (timer granularity)
+LEARN_MIN_BYTES = 1 << 20
+
+
+class CudaFuture(GPUFuture):
+    """A GPUFuture backed by an event recorded on a lane (see the module doc)."""
+
+    __slots__ = ("lane", "ticket", "event", "on_complete", "nbytes")
+
+    def __init__(self, hub: "CudaHub", label: str = ""):
+        super().__init__(hub, label)
+        self.lane: Any = None
+        self.ticket = 0
+        self.event: Any = None
+        self.on_complete: list[Callable[[], None]] | None = None
+        self.nbytes = 0                # bytes moved (copies): predicts how long it takes
+        self.retired = False
+
+    def done(self) -> bool:
+        """True once the work has completed or failed (reads the lane's completion word, so it
+        is current even before the waiter has looked)."""
+        if self._state == PENDING:
+            lane = self.lane
+            if lane is not None and lane.word is not None and lane.word.value >= self.ticket:
+                self._hub.observed(lane, self.ticket, 0)
+        return self._state != PENDING
+
+    def result(self) -> Any:
+        self.done()
+        return super().result()
+
+    def exception(self) -> BaseException | None:
+        self.done()
+        return super().exception()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self.done():
+            self._hub.arm(self)
+        return super().wait(timeout)
+
+    def add_done_callback(self, fn: Callable[[GPUFuture], Any]) -> None:
+        if self._state == PENDING:
+            self._hub.arm(self)
+        super().add_done_callback(fn)
+
+    def __await__(self):
+        if self._state == PENDING:
+            port = _loops.current_port()
+            if port is None:
+                raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
+                                   "use .wait() in synchronous code")
+            hub = self._hub
+            if hub.spin_s > 0 and isinstance(port, _loops.AsyncioPort):
+                ahead = self._predicted_wait()
+                if ahead > PRESLEEP_MIN_S:      # a long copy: let the loop sleep until near its end
+                    yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
+                yield from hub.spin(self, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0)
+            if self._state == PENDING:
+                hub.arm(self)
+                yield from port.wait(lambda a: self._register(port, a),
+                                     lambda a: self._unregister(port, a))
+                self._learn()
+        return self.result()
+
+    def _predicted_wait(self) -> float:
+        """Seconds until a copy of ``nbytes`` should complete at its lane's learned rate."""
+        lane = self.lane
+        if not self.nbytes or lane is None or not lane.rate:
+            return 0.0
+        return self.submitted_at + self.nbytes / lane.rate - time.monotonic()
+
+    def _learn(self) -> None:
+        """Learn the lane's copy bandwidth from a copy that just completed (an upper bound on
+        its duration: submission to now)."""
+        lane = self.lane
+        if self.nbytes >= LEARN_MIN_BYTES and lane is not None and self._exc is None:
+            sample = self.nbytes / max(time.monotonic() - self.submitted_at, 1e-6)
+            lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
+
+
+class CudaHub(FutureHub):
+    """Pending CUDA futures, the lanes they run on, and the waiter thread."""
+
+    def __init__(self, *, spin_s: float = DEFAULT_SPIN_S, watchdog_s: float | None = None):
+        super().__init__(watchdog_s=watchdog_s, spin_s=spin_s)
+        self.sem = D.Semaphore()
+        self.lanes: list[Any] = []
+        self._keys = itertools.count(1)
+        self.spin_hits = 0
+        self.spin_misses = 0
+        self.arms = 0
+        self.start()
+
+    # -- futures ---------------------------------------------------------------------------------
+    def new_future(self, label: str) -> CudaFuture:
+        fut = CudaFuture(self, label)
+        fut.signal = next(self._keys)
+        return fut
+
+    def watch(self, fut: GPUFuture) -> GPUFuture:
+        """Start watching ``fut`` (under lock). Unlike HSA, the waiter is not woken: it learns
+        of new work at its next scan, and awaiters arm their lane when they park."""
+        scope = submission_scope.get()
+        if scope is not None:
+            scope.append(fut)
+        self._pending[fut.signal] = fut
+        if fut.lane is not None:
+            fut.lane.pending.append(fut)
+        return fut
+
+    def arm(self, fut: CudaFuture) -> None:
+        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work."""
+        lane = fut.lane
+        if lane is None or lane.armed >= fut.ticket:
+            return
+        with self.lock:
+            if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
+                return
+            err = D.launch_host_func(lane.stream, D.SEM_POST, self.sem.address)
+            self.arms += 1
+            if err == 0:
+                lane.armed = lane.ticket
+            else:                      # a broken context: let the waiter find out now
+                self.sem.post()
+
+    def wake(self) -> None:
+        self.sem.post()
+
+    def is_complete(self, key: int) -> bool:
+        fut = self._pending.get(key)
+        return fut is None or fut.event is None or D.HOT.query(fut.event) != D.NOT_READY
+
+    # -- the spin ----------------------------------------------------------------------------------
+    def spin(self, fut: CudaFuture, at_least: float = 0.0):
+        """Poll ``fut``'s completion on the loop for up to its lane's adaptive window (or
+        ``at_least`` seconds), yielding in between. With a completion word a poll is one memory
+        load; without, one ``cuEventQuery``."""
+        lane = fut.lane
+        start = time.perf_counter()
+        deadline = start + max(lane.spin, at_least)
+        word, ticket = lane.word, fut.ticket
+        if word is not None:
+            while fut._state == PENDING:
+                if word.value >= ticket:
+                    self.observed(lane, ticket, 0)
+                    self._hit(lane, fut, start)
+                    return
+                if time.perf_counter() > deadline:
+                    break
+                yield
+        else:
+            query, event = D.HOT.query, fut.event
+            while fut._state == PENDING:
+                code = query(event)
+                if code != D.NOT_READY:
+                    if fut._state == PENDING:
+                        self.observed(lane, ticket, code)
+                    self._hit(lane, fut, start)
+                    return
+                if time.perf_counter() > deadline:
+                    break
+                yield
+        if fut._state == PENDING:
+            self.spin_misses += 1
+            lane.spin = max(SPIN_MIN_S, lane.spin / 2)
+
+    def _hit(self, lane: Any, fut: CudaFuture, start: float) -> None:
+        self.spin_hits += 1
+        lane.spin = min(self.spin_s, max(lane.spin * 2, 2 * (time.perf_counter() - start)))
+        if fut.nbytes >= LEARN_MIN_BYTES:
+            fut._learn()
+
+    # -- observing lanes ---------------------------------------------------------------------------
+    def observed(self, lane: Any, ticket: int, code: int) -> None:
+        """The event of ``ticket`` on ``lane`` read ``code``: settle the lane's prefix up to it,
+        or fail the device on a sticky error."""
+        if code != 0:
+            self.device_failed(lane.device, code, lane)
+            return
+        done = []
+        with self.lock:
+            pending = lane.pending
+            while pending and pending[0].ticket <= ticket:
+                f = pending.popleft()
+                if not f.retired:
+                    done.append((f.signal, f))
+        if done:
+            self._settle(done)
+
+    def scan(self) -> None:
+        """Level-triggered: query every lane's pending events, oldest first."""
+        query = D.HOT.query
+        with self.lock:
+            work = [(lane, list(lane.pending)) for lane in self.lanes if lane.pending]
+        for lane, futs in work:
+            lane.device.make_current()
+            last, code = None, 0
+            upto = lane.done_upto()
+            for f in futs:
+                if f.retired or f.ticket <= upto:
+                    last = f
+                    continue
+                code = query(f.event)
+                if code == 0:
+                    last = f
+                    continue
+                break
+            if code not in (0, D.NOT_READY):
+                self.device_failed(lane.device, code, lane)
+            elif last is not None:
+                self.observed(lane, last.ticket, 0)
+        if self.watchdog_s is not None:
+            self._settle([])
+
+    def device_failed(self, device: Any, code: int, lane: Any = None) -> None:
+        """A sticky CUDA error on ``device``: fail every pending future of it (and, through
+        dependencies, theirs elsewhere); mark the device broken."""
+        name = D.error_name(code)
+        posts: dict = {}
+        with self.lock:
+            if device.broken is None:
+                device.broken = GPUError(
+                    f"{device.name}: the CUDA context hit a sticky error ({name}); every later "
+                    f"operation on this device fails; close the runtime to reset the device",
+                    status=code, queue=lane.name if lane is not None else None)
+            victims = sorted((f for f in self._pending.values() if f.device is device),
+                             key=lambda f: f.signal)
+            for f in victims:
+                if f._state == PENDING:
+                    err = GPUError(f"{f.label} on {f.queue}: {name} (CUDA errors are sticky: the "
+                                   f"device's context is unusable until the runtime is closed)",
+                                   status=code, queue=f.queue, packet=f.packet)
+                    self._finish(f, err, posts)
+            for f in victims:
+                self.retire_failed(f)
+            for ln in device.lanes:
+                ln.pending.clear()
+        self._post(posts)
+
+    def _settle(self, completed: list) -> None:
+        """Resolve futures whose events read complete; run their host-side completion steps
+        (staged device-to-host copies) first, in submission order."""
+        posts: dict = {}
+        if len(completed) > 1:
+            completed.sort(key=lambda kf: kf[0])
+        with self.lock:
+            for key, fut in completed:
+                if self._pending.get(key) is not fut:
+                    continue
+                if fut._state == PENDING:
+                    exc = None
+                    for hook in fut.on_complete or ():
+                        try:
+                            hook()
+                        except Exception as e:  # noqa: BLE001 - becomes the future's failure
+                            exc = GPUError(f"{fut.label}: completing on the host failed: {e}")
+                    self._finish(fut, exc, posts)
+                    if exc is not None:
+                        self._retire(fut)
+                else:
+                    self._retire(fut)
+            if self.watchdog_s is not None:
+                self._check_watchdog(posts)
+        self._post(posts)
+
+    # -- the waiter thread -----------------------------------------------------------------------
+    def _guard(self) -> float:
+        for lane in self.lanes:
+            if lane.pending and lane.armed < lane.ticket:
+                return UNCOVERED_GUARD_S
+        return LOST_WAKEUP_GUARD_S
+
+    def _run(self) -> None:
+        sem = self.sem
+        while not self._stop:
+            sem.wait(self._guard())
+            sem.drain()
+            self.wakeups += 1
+            while self._events:
+                self._run_event(self._events.popleft())
+            try:
+                self.scan()
+            except Exception:  # noqa: BLE001 - the waiter must never die
+                from ..futures import log
+                log.exception("CUDA waiter scan failed")
+
+    def close(self) -> None:
+        self.stop()
+        self.sem.destroy()
