@@ -209,7 +209,7 @@ class Device:
         kernarg = pack_args(loaded, values, lengths)
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
         packets.append((pkt, header | dims << 16))
-        self._track(fut, queue, states_r, states_w, keep)
+        self._track(fut, queue, states_r, states_w, keep, deps)
         queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg))
         return fut
 
@@ -239,9 +239,10 @@ class Device:
         packets = barrier_and_packets(signals, barrier=barrier) if signals else []
         return packets, barrier
 
-    def _track(self, fut: GPUFuture, queue: Any, reads: list, writes: list, keep: Iterable) -> None:
+    def _track(self, fut: GPUFuture, queue: Any, reads: list, writes: list, keep: Iterable,
+               deps: Iterable[GPUFuture] = ()) -> None:
         """Ordering state, buffer use counts and the clean-up run when ``fut`` retires."""
-        ordering.record(fut, reads, writes)
+        ordering.record(fut, reads, writes, deps)
         used = {id(s): s for s in list(reads) + list(writes) if isinstance(s, Buffer)}
         for buf in used.values():
             buf.users += 1

@@ -37,7 +37,7 @@ class GPUFuture:
     """
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
-                 "_dependents", "_dep_signals", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
+                 "_dependents", "_dep_signals", "preds", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
                  "__weakref__")
 
     def __init__(self, hub: "CompletionHub | None", label: str = "", *, signal: int = 0):
@@ -52,6 +52,7 @@ class GPUFuture:
         self._dependents: list[GPUFuture] = []
         self._dep_signals: list[int] = []   # signals of other futures that our packets name
         self.retired = signal == 0          # the device is done with it (resources freed)
+        self.preds: list[GPUFuture] = []    # earlier work it was ordered after (see ordering)
         self.label = label
         self.value: Any = None            # what result() returns (an array for to_numpy)
         self.kind = ""                    # "dispatch", "copy", "join", "graph" (for traces)
@@ -196,7 +197,7 @@ class FutureHub:
         self._woken = False
         self._stop = False
         self.wakeups = 0
-        self.leaked: list[GPUFuture] = []   # futures failed by the watchdog, never recycled
+        self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
         self.owner: Any = None
         # Called under the lock for a future the watchdog gave up on; returns True if the
         # backend failed and retired it itself (e.g. by aborting its queue).
@@ -320,13 +321,11 @@ class FutureHub:
                                   queue=fut.queue, packet=fut.packet)
             if self.on_timeout is not None and self.on_timeout(fut, exc):
                 continue             # the backend aborted its queue: everything on it retired
+            # Work that cannot be aborted (a copy on an engine) may still run: fail it for its
+            # awaiters but keep watching it, so its memory and signal are reused only once it
+            # has really finished.
             self._finish(fut, exc, posts)
-            # Its work may still complete late: never recycle what it names (a deliberate,
-            # counted leak), but mark it complete so that work waiting on it proceeds.
-            self._pending.pop(fut.signal, None)
-            self._dirty = True
             self.leaked.append(fut)
-            self.force_complete(fut.signal)
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
@@ -367,6 +366,8 @@ class FutureHub:
             self.release_key(fut.signal)
         fut.keep = []
         fut._dependents = []
+        if fut._exc is None:
+            fut.preds = []   # it finished after them: nothing to inherit
 
     def _propagate(self, fut: GPUFuture, exc: BaseException, posts: dict) -> None:
         # Dependents fail now; their packets still run (on a released signal) and retire later.

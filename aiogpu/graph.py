@@ -397,7 +397,10 @@ class GraphExec:
         for part in parts:
             hub.depend(replay, part)
         packets = barrier_and_packets([p.signal for p in parts], replay.signal)
-        first_dev._track(replay, first_dev.queues[0], reads, writes, keep + [self])
+        # The replay's own future may retire (fail with its queue) before its parts stop running:
+        # they are its predecessors, so later writers of its memory then wait for them.
+        first_dev._track(replay, first_dev.queues[0], reads, writes, keep + [self],
+                         head + parts + list(node_futs.values()))
         first_dev.queues[0].submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], replay))
         self._last = replay
         self.replays += 1

@@ -63,8 +63,8 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
     deps: dict[GPUFuture, bool] = {}
 
     def add(fut: GPUFuture | None, semantic: bool) -> None:
-        if fut is not None and not fut.retired:
-            deps[fut] = deps.get(fut, False) or semantic
+        for f in _live(fut):
+            deps[f] = deps.get(f, False) or semantic
 
     def add_semantic(fut: GPUFuture | None) -> None:
         if fut is not None:
@@ -82,6 +82,23 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
         for reader in state.reads:
             add(reader, False)
     return deps
+
+
+def _live(fut: GPUFuture | None) -> list[GPUFuture]:
+    """The unretired work that ordering after ``fut`` means waiting for: ``fut`` itself, or, if
+    it failed and retired without running (its queue was aborted, or it was never submitted),
+    what it was itself ordered after, which may still be running."""
+    if fut is None:
+        return []
+    if not fut.retired:
+        return [fut]
+    if fut._exc is None:
+        return []
+    out: list[GPUFuture] = []
+    for p in fut.preds:
+        out.extend(_live(p))
+    fut.preds = [p for p in fut.preds if not p.retired or p._exc is not None]
+    return out
 
 
 def failed_dependency(deps: dict[GPUFuture, bool]) -> GPUError | None:
@@ -102,17 +119,18 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     from .futures import completed_future
 
     fut = completed_future(hub, label, err)
+    writes = list(writes)
     for state in writes:
         _prune(state)
-        # Work still pending on this memory keeps ordering later writers (as if it had read it).
-        earlier = [state.last_write, *state.reads]
-        state.last_write = fut
-        state.reads = [f for f in earlier if f is not None and not f.retired]
+        fut.preds.extend(f for f in [state.last_write, *state.reads] if f is not None)
+    record(fut, [], writes)
     return fut
 
 
-def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any]) -> None:
-    """Make ``fut`` the last writer of ``writes`` and a reader of the other ``reads``."""
+def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
+    """Make ``fut`` the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
+    (what it waits for) are remembered in case it fails without running."""
+    fut.preds.extend(d for d in deps if not d.retired)
     writes = list(writes)
     for state in writes:
         state.last_write = fut

@@ -219,7 +219,7 @@ class Runtime:
                                          [d.signal for d in live], fut.signal)
             if name is not None:
                 fut.queue = name
-                device._track(fut, None, [src_state], [dst_state], keep + keep2)
+                device._track(fut, None, [src_state], [dst_state], keep + keep2, live)
                 fut._cleanup.append(unlock)
                 return fut
             for dep in live:           # the engine ran out between status and submit
