@@ -1,0 +1,33 @@
+"""Every example runs on the emulator and does what it says."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+ENV = {**os.environ, "AIOGPU_BACKEND": "emulator"}
+
+
+def run(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=ENV,
+                          cwd=EXAMPLES.parent)
+
+
+def test_async_server_example():
+    out = run(str(EXAMPLES / "async_server.py"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 wrong answers" in out.stdout
+
+
+def test_loader_example():
+    out = run(str(EXAMPLES / "loader_two_gpus.py"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "32 batches over 2 GPU(s)" in out.stdout and "0 bad" in out.stdout
+
+
+def test_pytest_plugin_example_suite():
+    out = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES / "test_with_aiogpu_plugin.py"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "5 passed" in out.stdout
