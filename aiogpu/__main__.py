@@ -15,9 +15,14 @@ def info(args: argparse.Namespace) -> int:
     try:
         print(f"backend: {rt.backend}")
         print(f"reason:  {rt.reason}")
-        if rt.backend != "cuda":
-            optional = "all present" if not rt.api.missing else "absent: " + ", ".join(rt.api.missing)
-            print(f"optional HSA calls: {optional}")
+        if rt.backend == "cuda":
+            for dev in rt.devices:
+                print(f"device {dev.name}: {dev.product} ({dev.isa})")
+                print(f"    streams: {', '.join(lane.name for lane in dev.lanes)}")
+                print(f"    stream memory operations: {'yes' if dev.memops else 'no (events)'}")
+            return 0
+        optional = "all present" if not rt.api.missing else "absent: " + ", ".join(rt.api.missing)
+        print(f"optional HSA calls: {optional}")
         for agent in rt.all_agents():
             print(_describe_agent(rt, agent, T))
             for dev in rt.devices:

@@ -236,6 +236,18 @@ def call_costs(rt: Any, raw: Raw) -> dict:
         res[f"call_us_event_record_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
         cu.cuStreamSynchronize(raw.stream)
     dev = rt.devices[0]
+    lane = dev.compute[0]
+    if lane.dptr is not None:
+        t = time.perf_counter()
+        for i in range(2000):
+            cu.cuStreamWriteValue64(raw.stream, lane.dptr, 0, 0)
+        res["call_us_write_value64_bindings"] = (time.perf_counter() - t) / 2000 * 1e6
+        t = time.perf_counter()
+        for i in range(2000):
+            D.write64(raw.stream, lane.dptr, 0)
+        res["call_us_write_value64_chosen"] = (time.perf_counter() - t) / 2000 * 1e6
+        cu.cuStreamSynchronize(raw.stream)
+        lane.word.value = lane.ticket
     for name, hot in hots.items():
         saved, D.HOT = D.HOT, hot
         try:
@@ -312,6 +324,7 @@ def bandwidth(rt: Any, raw: Raw, nbytes: int, reps: int) -> dict:
     res: dict[str, float] = {}
 
     async def timed(make) -> float:
+        """One copy at a time, each awaited: latency included."""
         await make()                                  # warm-up (registration, first touch)
         samples = []
         for _ in range(reps):
@@ -320,10 +333,19 @@ def bandwidth(rt: Any, raw: Raw, nbytes: int, reps: int) -> dict:
             samples.append(time.perf_counter() - t)
         return nbytes / statistics.median(samples) / 1e9
 
+    async def streamed(make) -> float:
+        """``reps`` copies submitted back to back, then one await: what a pipeline sees."""
+        await make()
+        t = time.perf_counter()
+        futs = [make() for _ in range(reps)]
+        await aiogpu.gather(*futs)
+        return reps * nbytes / (time.perf_counter() - t) / 1e9
+
     async def run_aiogpu() -> None:
-        res["h2d_GBs_aiogpu"] = await timed(lambda: aiogpu.copy(a, host))
-        res["d2h_GBs_aiogpu"] = await timed(lambda: aiogpu.copy(host, a))
-        res["d2d_GBs_aiogpu"] = await timed(lambda: aiogpu.copy(b, a))
+        for d, make in (("h2d", lambda: aiogpu.copy(a, host)), ("d2h", lambda: aiogpu.copy(host, a)),
+                        ("d2d", lambda: aiogpu.copy(b, a))):
+            res[f"{d}_GBs_aiogpu"] = await streamed(make)
+            res[f"{d}_GBs_aiogpu_awaited_each"] = await timed(make)
 
     _uvloop_run(run_aiogpu())
     dev.make_current()
@@ -335,13 +357,18 @@ def bandwidth(rt: Any, raw: Raw, nbytes: int, reps: int) -> dict:
                           ("d2d_GBs_raw", lambda: cu.cuMemcpyDtoDAsync(b.address, a.address, nbytes, raw.stream))):
             call()
             cu.cuStreamSynchronize(raw.stream)
+            t = time.perf_counter()
+            for _ in range(reps):                     # back to back on one stream, one sync
+                call()
+            cu.cuStreamSynchronize(raw.stream)
+            res[key] = reps * nbytes / (time.perf_counter() - t) / 1e9
             samples = []
             for _ in range(reps):
                 t = time.perf_counter()
                 call()
                 cu.cuStreamSynchronize(raw.stream)
                 samples.append(time.perf_counter() - t)
-            res[key] = nbytes / statistics.median(samples) / 1e9
+            res[key + "_synced_each"] = nbytes / statistics.median(samples) / 1e9
     finally:
         cu.cuMemHostUnregister(ptr)
     # D2D moves the bytes once; report it like cuMemcpy's bandwidth tests (bytes copied / s).
@@ -368,13 +395,15 @@ def measure(quick: bool) -> dict:
     rt = aiogpu.Runtime("cuda")
     res: dict[str, Any] = {"backend": rt.backend, "reason": rt.reason, "quick": quick,
                            "device": rt.devices[0].product, "hot_path": D.HOT.name,
-                           "spin_s": rt.hub.spin_s}
+                           "spin_s": rt.hub.spin_s, "write_path": rt.write_path}
     import cuda.bindings
     res["cuda_bindings"] = cuda.bindings.__version__
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=64)
     raw = Raw(rt)
+    # The baselines wait on an event per launch, as users do: their launches record one.
+    rt_ev = aiogpu.Runtime("cuda", event_waits=True)
     try:
-        dev = rt.devices[0]
+        dev, dev_ev = rt.devices[0], rt_ev.devices[0]
         dev.loaded(spin_ms)
         progress(f"round trips, {n} each")
         rt_floor_raw(raw, 50)
@@ -383,9 +412,11 @@ def measure(quick: bool) -> dict:
         asyncio.run(rt_aiogpu(dev, 50))
         res["aiogpu_await_us_asyncio"] = med_us(asyncio.run(rt_aiogpu(dev, n)))
         res["aiogpu_await_us_uvloop"] = med_us(_uvloop_run(rt_aiogpu(dev, n)))
-        res["executor_await_us"] = med_us(_uvloop_run(rt_executor(dev, n, pool)))
+        res["executor_await_us"] = med_us(_uvloop_run(rt_executor(dev_ev, n, pool)))
         res["hostfunc_await_us"] = med_us(_uvloop_run(rt_hostfunc(dev, n)))
-        res["poll_await_us"] = med_us(_uvloop_run(rt_poll(dev, n)))
+        res["poll_await_us"] = med_us(_uvloop_run(rt_poll(dev_ev, n)))
+        _uvloop_run(rt_aiogpu(dev_ev, 50))
+        res["alt_event_waits_aiogpu_us"] = med_us(_uvloop_run(rt_aiogpu(dev_ev, n)))
         progress("waiter alternatives")
         res["alt_executor_blocking_sync_us"] = med_us(_uvloop_run(rt_executor_blocking(raw, n, pool)))
         res["alt_memop_poll_us"] = med_us(_uvloop_run(rt_memop_poll(raw, n)))
@@ -393,24 +424,34 @@ def measure(quick: bool) -> dict:
         try:
             res["alt_no_spin_hostfunc_sem_waiter_us"] = med_us(_uvloop_run(rt_aiogpu(dev, n)))
         finally:
-            rt.hub.spin_s = rt.hub.spin_budget = spin
+            rt.hub.spin_s = spin
+        rt_ev = aiogpu.Runtime("cuda", completion_words=False)   # spin on cuEventQuery instead
+        try:
+            _uvloop_run(rt_aiogpu(rt_ev.devices[0], 50))
+            res["alt_spin_event_query_us"] = med_us(_uvloop_run(rt_aiogpu(rt_ev.devices[0], n)))
+        finally:
+            rt_ev.close()
         res.update(call_costs(rt, raw))
         for k in (8, 64):
             progress(f"throughput, {k} tasks x {per_task} awaited launches")
             _uvloop_run(tp_aiogpu(dev, k, 5))
             res[f"aiogpu_ops_per_s_{k}"] = _uvloop_run(tp_aiogpu(dev, k, per_task))
-            res[f"executor_ops_per_s_{k}"] = _uvloop_run(tp_executor(dev, k, per_task, pool))
+            res[f"executor_ops_per_s_{k}"] = _uvloop_run(tp_executor(dev_ev, k, per_task, pool))
         res["aiogpu_ops_per_s_64_asyncio"] = asyncio.run(tp_aiogpu(dev, 64, per_task))
         progress("graph replay: 100-node chain")
         res.update(_uvloop_run(graph_costs(dev, 100, 5 if quick else 50)))
         progress("bandwidth")
-        res.update(bandwidth(rt, raw, (64 << 20) if quick else (256 << 20), 5 if quick else 20))
+        res.update(bandwidth(rt, raw, (64 << 20) if quick else (1 << 30), 5 if quick else 10))
+        small = bandwidth(rt, raw, 256 << 20, 5 if quick else 20)
+        res.update({f"{k}_256MiB": v for k, v in small.items()})
+        res["bandwidth_bytes"] = (64 << 20) if quick else (1 << 30)
         progress("idle CPU while awaiting a long kernel")
         res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
         res["stats"] = rt.stats()
     finally:
         pool.shutdown()
         raw.close()
+        rt_ev.close()
         rt.close()
     floor = res["floor_sync_us"]
     res["await_over_floor_uvloop"] = res["aiogpu_await_us_uvloop"] / floor
@@ -433,16 +474,23 @@ ROWS = [
     ("  no spin: host fn sem_post -> waiter -> batch", "alt_no_spin_hostfunc_sem_waiter_us"),
     ("  executor on blocking-sync events", "alt_executor_blocking_sync_us"),
     ("  stream write to host memory, polled", "alt_memop_poll_us"),
+    ("  aiogpu spin on cuEventQuery (no completion words)", "alt_spin_event_query_us"),
+    ("  aiogpu recording an event per operation too", "alt_event_waits_aiogpu_us"),
     ("driver call cost (us): event query bindings/ctypes", ("call_us_event_query_bindings", "call_us_event_query_ctypes")),
     ("  launch bindings/ctypes", ("call_us_launch_bindings", "call_us_launch_ctypes")),
+    ("  event record bindings/ctypes", ("call_us_event_record_bindings", "call_us_event_record_ctypes")),
+    ("  stream write value64 bindings / chosen", ("call_us_write_value64_bindings", "call_us_write_value64_chosen")),
     ("  aiogpu launch() submit bindings/ctypes", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_ctypes")),
     ("awaited ops/s, 8 tasks: aiogpu / executor", ("aiogpu_ops_per_s_8", "executor_ops_per_s_8")),
     ("awaited ops/s, 64 tasks: aiogpu / executor", ("aiogpu_ops_per_s_64", "executor_ops_per_s_64")),
     ("100-node chain, us/node: graph replay", "graph_replay_us_per_node"),
     ("  individually awaited / chained launches", ("awaited_launch_us_per_node", "chained_launch_us_per_node")),
-    ("H2D GB/s: aiogpu / raw", ("h2d_GBs_aiogpu", "h2d_GBs_raw")),
+    ("H2D GB/s (1 GiB copies): aiogpu / raw", ("h2d_GBs_aiogpu", "h2d_GBs_raw")),
     ("D2H GB/s: aiogpu / raw", ("d2h_GBs_aiogpu", "d2h_GBs_raw")),
     ("D2D GB/s: aiogpu / raw", ("d2d_GBs_aiogpu", "d2d_GBs_raw")),
+    ("  same at 256 MiB: H2D, D2H, D2D aiogpu / raw", ("h2d_GBs_aiogpu_256MiB", "h2d_GBs_raw_256MiB",
+                                                    "d2h_GBs_aiogpu_256MiB", "d2h_GBs_raw_256MiB",
+                                                    "d2d_GBs_aiogpu_256MiB", "d2d_GBs_raw_256MiB")),
     ("idle runtime awaiting a long kernel, CPU %", "idle_cpu_percent"),
 ]
 

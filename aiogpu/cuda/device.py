@@ -30,6 +30,7 @@ class LoadedCudaKernel:
 
     def __init__(self, kernel: Kernel, func: Any, module: Any):
         self.kernel, self.func, self.module = kernel, func, module
+        self.writes = kernel.writes
         self.fmt, self.offsets, self.size = layout(kernel.args)
         self._block = ctypes.create_string_buffer(max(self.size, 8))
         base = ctypes.addressof(self._block)
@@ -238,27 +239,38 @@ class CudaDevice:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
         with rt.lock:
             rt.check_open()
-            loaded = self.loaded(kernel)
-            reads = list(buffers.values())
-            writes = [buffers[i] for i in kernel.writes if i in buffers]
+            loaded = self._kernels.get(kernel) or self.loaded(kernel)
+            if buffers:
+                reads = list(buffers.values())
+                writes = [buffers[i] for i in loaded.writes if i in buffers]
+            else:
+                reads = writes = []
             return self.dispatch(loaded, kernel.name, dims, values, reads, writes, after)
 
     def dispatch(self, loaded: LoadedCudaKernel, label: str, dims: tuple, values: Sequence[Any],
                  reads: list, writes: list, after: list, *, keep: list = (), cleanup: list = (),
                  lane: Any = None) -> Any:
         """Submit one kernel launch with its dependencies (under the runtime lock)."""
-        deps = ordering.dependencies(reads, writes, after)
+        deps = ordering.dependencies(reads, writes, after) if (reads or writes or after) else {}
         lane = lane or self.pick_lane(deps)
         params = loaded.pack(values)
-        func, (grid3, block3) = loaded.func, dims
+        func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, dims
         hot = D.HOT
-        return self.runtime.submit(self, lane, label, deps,
-                                   lambda stream: hot.kernel(func, grid3, block3, stream, params),
-                                   reads, writes, keep, cleanup)
+        if type(hot) is D._BindingsHot:
+            launch = hot.launch
+
+            def enqueue(stream: Any) -> int:
+                return launch(func, gx, gy, gz, bx, by, bz, 0, stream, params, 0)[0]
+        else:
+            def enqueue(stream: Any) -> int:
+                return hot.kernel(func, (gx, gy, gz), (bx, by, bz), stream, params)
+        return self.runtime.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup)
 
     def pick_lane(self, deps: dict) -> Lane:
         """The compute lane of the newest live dependency on this device (stream order then
         suffices for it), else the next compute lane round-robin."""
+        if not deps:
+            return self.compute[next(self._rr)]
         for fut in reversed(list(deps)):
             lane = getattr(fut, "lane", None)
             if lane is not None and lane.device is self and lane.kind == "compute" and not fut.retired:
@@ -302,13 +314,20 @@ class CudaDevice:
 def _retain_primary(cudev: Any) -> Any:
     """The device's primary context (shared with torch/cupy), reset first if a sticky error
     from an earlier user left it unusable."""
-    ctx = D.check(cu.cuDevicePrimaryCtxRetain(cudev), "cuDevicePrimaryCtxRetain")
-    D.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-    D.forget_current()
-    (err,) = cu.cuCtxSynchronize()
-    if err in D.STICKY:
-        cu.cuDevicePrimaryCtxRelease(cudev)
-        cu.cuDevicePrimaryCtxReset(cudev)
-        ctx = D.check(cu.cuDevicePrimaryCtxRetain(cudev), "cuDevicePrimaryCtxRetain")
+    err, ctx = cu.cuDevicePrimaryCtxRetain(cudev)
+    if err == 0:
         D.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+        D.forget_current()
+        (err,) = cu.cuCtxSynchronize()
+        if err in D.STICKY:
+            cu.cuDevicePrimaryCtxRelease(cudev)
+            cu.cuDevicePrimaryCtxReset(cudev)
+            err, ctx = cu.cuDevicePrimaryCtxRetain(cudev)
+            if err == 0:
+                D.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    if err in D.STICKY:
+        raise D.CudaError(f"CUDA device {int(cudev)} hit a sticky error earlier in this process "
+                          f"({D.error_name(err)}); CUDA recovers from it only in a new process",
+                          status=int(err))
+    D.check((err,), "cuDevicePrimaryCtxRetain")
     return ctx

@@ -31,6 +31,7 @@ HOSTREGISTER_PORTABLE = int(cu.CU_MEMHOSTREGISTER_PORTABLE)
 HOSTREGISTER_DEVICEMAP = int(cu.CU_MEMHOSTREGISTER_DEVICEMAP)
 HOSTALLOC_PORTABLE = 1
 HOSTALLOC_DEVICEMAP = int(cu.CU_MEMHOSTALLOC_DEVICEMAP)
+WAIT_GEQ = int(cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
 
 # Errors after which the context is unusable (CUDA errors are sticky per context).
 STICKY = {int(getattr(cu.CUresult, n)) for n in (
@@ -162,6 +163,54 @@ def _hot() -> Any:
 
 
 HOT = _hot()
+
+
+# -- the completion-word write: cuda-bindings or ctypes, whichever is cheaper here ---------------
+def _bindings_write64(stream: Any, dptr: Any, value: int) -> int:
+    return cu.cuStreamWriteValue64(stream, dptr, value, 0)[0]
+
+
+write64 = _bindings_write64
+_write_path: list[str] = []
+
+
+def calibrate_write64(stream: Any, dptr: Any) -> str:
+    """Pick the cheaper way to call ``cuStreamWriteValue64`` (cuda-bindings converts the value
+    through an object each call; ctypes does not), once per process. Writes 0 to ``dptr`` a few
+    hundred times."""
+    global write64
+    import time
+    if _write_path:
+        return _write_path[0]
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        f = lib.cuStreamWriteValue64
+        f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+        raw = int(dptr)
+
+        def ctypes_write64(stream: Any, _dptr: Any, value: int) -> int:
+            return f(int(stream), raw if _dptr is dptr else int(_dptr), value, 0)
+
+        cands = {"bindings": _bindings_write64, "ctypes": ctypes_write64}
+    except (OSError, AttributeError):
+        _write_path.append("bindings")
+        return "bindings"
+    best, best_t = "bindings", None
+    for name, fn in cands.items():
+        fn(stream, dptr, 0)
+        t = time.perf_counter()
+        for _ in range(300):
+            fn(stream, dptr, 0)
+        t = time.perf_counter() - t
+        if best_t is None or t < best_t:
+            best, best_t = name, t
+    if best == "ctypes":
+        def ctypes_any(stream: Any, dptr_: Any, value: int) -> int:
+            return f(int(stream), int(dptr_), value, 0)
+        write64 = ctypes_any
+    cu.cuStreamSynchronize(stream)
+    _write_path.append(best)
+    return best
 
 
 # -- host functions without Python: libc's sem_post as the CUhostFn ---------------------------------

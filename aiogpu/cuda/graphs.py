@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 from typing import Any, Mapping
 
-import numpy as np
 
 from .. import ordering
 from ..graph import GraphExec, GraphNode

@@ -2,7 +2,9 @@
 
 - **Registration** (``cuMemHostRegister``, portable + device-mapped): the copy engines read and
   write the user's array in place. A registration covers whole pages, so two arrays that share a
-  page would overlap: overlapping idle registrations are merged into one. Registrations stay
+  page would overlap: a view is registered with the whole array it views (up to 64 MiB, or 4x
+  the view), so neighbouring slices share one registration; overlapping idle registrations are
+  merged into one. Registrations stay
   cached while their arrays live (a weak reference to the array's owner unregisters them when it
   dies, before its memory is freed), so copying the same array again costs no pinning; idle
   ones beyond ``CACHE_BYTES`` are dropped oldest first. ``in_use`` counts the registrations
@@ -10,8 +12,10 @@
 - **Staging** (``cuMemHostAlloc``): small host-to-device copies (at most ``STAGE_LIMIT`` bytes)
   are copied into a pinned block at submission when nothing pending writes the array; and when an
   array's pages are held by a busy registration that does not cover it, the copy goes through a
-  bounce block of its own (device-to-host: copied into the array on the host before the future
-  completes).
+  bounce block of its own (``bounced``). A bounced device-to-host copy lands in the array on the
+  host, before its future completes; until then later host-to-device copies of that array read
+  its bounce block on the device, later writes of it bounce too (host steps stay in order), and
+  any future that depends on it runs that host step before it completes (``host_deps``).
 - Memory that is already page-locked by someone else (``torch.Tensor.pin_memory()``, CuPy's
   pinned allocator, ``cuMemHostAlloc``) is used as it is.
 """
@@ -45,6 +49,24 @@ class _Run:
         self.dead = False      # an owner died: unregister once idle
 
 
+OWNER_RANGE_LIMIT = 64 << 20
+
+
+def _owner_range(arr: np.ndarray, addr: int, n: int) -> tuple[int, int]:
+    """The byte range to register for ``arr``: the whole array it is a view of, when that is
+    not much larger (so that copies of neighbouring slices share one registration instead of
+    overlapping ones), else ``arr``'s own bytes."""
+    root = arr
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    if root is arr or not root.flags.c_contiguous:
+        return addr, addr + n
+    base = root.__array_interface__["data"][0]
+    if root.nbytes > max(OWNER_RANGE_LIMIT, 4 * n) or not base <= addr < addr + n <= base + root.nbytes:
+        return addr, addr + n
+    return base, base + root.nbytes
+
+
 class HostMemory:
     """Registrations and staging blocks of one runtime (guarded by the runtime lock)."""
 
@@ -57,6 +79,7 @@ class HostMemory:
         self._stage_all: list[int] = []
         self.registered_bytes = 0
         self.foreign_pinned = 0
+        self.bounced = 0         # copies that went through a bounce block
 
     # -- public ------------------------------------------------------------------------------------
     @property
@@ -67,11 +90,13 @@ class HostMemory:
         """(device-usable pointer, release) for DMA on ``arr`` in place; None when its pages are
         held by a busy registration that does not cover it (the caller then bounces)."""
         addr, n = arr.__array_interface__["data"][0], arr.nbytes
-        start, end = addr // PAGE * PAGE, -(-(addr + n) // PAGE) * PAGE
+        lo, hi = _owner_range(arr, addr, n)
+        start, end = lo // PAGE * PAGE, -(-hi // PAGE) * PAGE
         run = self._covering(start, end)
         if run is None:
             overlapping = self._overlapping(start, end)
             if any(r.users for r in overlapping):
+                self.bounced += 1
                 return None
             owners = []
             for r in overlapping:       # merge idle neighbours that share pages with this one
@@ -199,6 +224,24 @@ class HostMemory:
 
 def _noop() -> None:
     pass
+
+
+class SharedBlock:
+    """A staging block that several operations use (a bounced device-to-host copy and the
+    host-to-device copies that read its bytes before they land): freed with the last user."""
+
+    __slots__ = ("ptr", "refs", "_release")
+
+    def __init__(self, ptr: int, release: Callable[[], None]):
+        self.ptr, self.refs, self._release = ptr, 1, release
+
+    def retain(self) -> None:
+        self.refs += 1
+
+    def release(self) -> None:
+        self.refs -= 1
+        if self.refs == 0:
+            self._release()
 
 
 def host_pointer(arr: np.ndarray) -> int:

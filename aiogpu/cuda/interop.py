@@ -113,22 +113,22 @@ def _delete(address: int) -> None:
             buf.unuse()
 
 
-_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
-_PyCapsule_New.restype = ctypes.py_object
-_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-_PyCapsule_IsValid = ctypes.pythonapi.PyCapsule_IsValid
-_PyCapsule_IsValid.restype = ctypes.c_int
-_PyCapsule_IsValid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_PyCapsule_GetPointer = ctypes.pythonapi.PyCapsule_GetPointer
-_PyCapsule_GetPointer.restype = ctypes.c_void_p
-_PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_PyCapsule_New = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
+# The destructor gets the capsule while it is being deallocated: take it as a raw pointer (a
+# py_object argument would add and drop a reference to a dying object).
+# Private prototypes (PYFUNCTYPE: called with the GIL held), not pythonapi's shared attributes.
+_IsValidRaw = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+_GetPointerRaw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
 
 
-@ctypes.CFUNCTYPE(None, ctypes.py_object)
-def _capsule_destructor(capsule: Any) -> None:
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule: int) -> None:
     # Not consumed (still named "dltensor"): the producer deletes it.
-    if _PyCapsule_IsValid(capsule, _NAME):
-        _delete(_PyCapsule_GetPointer(capsule, _NAME))
+    if _IsValidRaw(capsule, _NAME):
+        _delete(_GetPointerRaw(capsule, _NAME))
 
 
 _DESTRUCTOR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
@@ -147,12 +147,16 @@ def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_de
         if stream != -1:
             consumer = LEGACY_STREAM if stream is None else int(stream)
             pending = [f for f in [buf.last_write, *buf.reads]
-                       if f is not None and not f.retired and getattr(f, "event", None) is not None]
+                       if f is not None and not f.done() and getattr(f, "lane", None) is not None]
             if pending:
                 buf.device.make_current()
                 target = cu.CUstream(consumer)
                 for f in pending:
-                    D.check(cu.cuStreamWaitEvent(target, f.event, 0), "cuStreamWaitEvent (DLPack)")
+                    if f.event is not None:
+                        D.check(cu.cuStreamWaitEvent(target, f.event, 0), "cuStreamWaitEvent (DLPack)")
+                    else:
+                        D.check(cu.cuStreamWaitValue64(target, f.lane.dptr, f.ticket, D.WAIT_GEQ),
+                                "cuStreamWaitValue64 (DLPack)")
         shape = (ctypes.c_int64 * 1)(buf.nbytes)
         managed = DLManagedTensor()
         t = managed.dl_tensor

@@ -4,9 +4,11 @@ Same interface as the HSA ``aiogpu.runtime.Runtime`` (``backend``, ``reason``, `
 ``lock``, ``hub``, ``copy``, ``gather``, ``fill``, ``to_numpy``, ``stats``, ``close``).
 
 Submission (``submit``, under the runtime lock): the dependencies from buffer hazards and
-``after=`` become ``cuStreamWaitEvent`` on the chosen lane, one per other lane (the newest
-dependency of each lane suffices: lanes run in order); then the operation; then an event record
-whose completion is the future. Nothing waits on the host.
+``after=`` become device-side waits on the chosen lane, one per other lane (the newest
+dependency of each lane suffices: lanes run in order; none for work its completion word already
+shows done): ``cuStreamWaitValue64`` on the other lane's completion word, or
+``cuStreamWaitEvent`` where events are used (streams.py). Then the operation, then the lane's
+completion-word write (and event record) that completes the future. Nothing waits on the host.
 
 Copies: host-to-device on the destination's ``h2d`` lane, device-to-host on the source's ``d2h``
 lane, device-to-device on its ``d2d`` lane, between GPUs on the SOURCE device's ``peer`` lane
@@ -26,16 +28,17 @@ from .. import capture as _capture
 from .. import ordering
 from ..device import check_after
 from ..errors import GPUError, RuntimeClosedError
-from ..futures import completed_future
+from ..futures import PENDING, completed_future
 from ..kernels import copy_kernel, fill_kernel
 from ..memory import Buffer
 from . import driver as D
 from . import hostmem, interop, probe
 from .device import CudaDevice
 from .driver import cu
-from .waiter import DEFAULT_SPIN_S, CudaFuture, CudaHub
+from .waiter import DEFAULT_SPIN_S, CudaHub
 
-_write64 = cu.cuStreamWriteValue64
+
+_wait64 = cu.cuStreamWaitValue64
 
 
 def other_done(dep: Any) -> int:
@@ -46,12 +49,13 @@ def other_done(dep: Any) -> int:
 class CudaRuntime:
     """A GPU runtime over the CUDA driver. ``close()`` waits for submitted work, then frees all."""
 
-    OPTIONS = ("compute_streams", "spin_s", "watchdog_s", "copy_engines", "completion_words")
+    OPTIONS = ("compute_streams", "spin_s", "watchdog_s", "copy_engines", "completion_words",
+               "event_waits")
     backend = "cuda"
 
     def __init__(self, *, compute_streams: int = 4, spin_s: float = DEFAULT_SPIN_S,
                  watchdog_s: float | None = None, copy_engines: bool = True,
-                 completion_words: bool = True):
+                 completion_words: bool = True, event_waits: bool = False):
         ok, why = probe()
         if not ok:
             raise RuntimeError(f"the CUDA backend cannot run here: {why}")
@@ -59,6 +63,7 @@ class CudaRuntime:
         self.closed = False
         self.copy_engines = copy_engines
         self.completion_words = completion_words
+        self.event_waits = event_waits or not completion_words
         self.hub = CudaHub(spin_s=spin_s, watchdog_s=watchdog_s)
         self.hub.owner = self
         self.lock = self.hub.lock
@@ -70,6 +75,8 @@ class CudaRuntime:
             self.hub.close()
             raise
         self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
+        lane = self.devices[0].compute[0]
+        self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
         self.host = hostmem.HostMemory(self)
         self._enable_peers()
         self._graphs: weakref.WeakSet = weakref.WeakSet()
@@ -107,6 +114,7 @@ class CudaRuntime:
                 "host_locks": self.host.in_use,
                 "host_ranges": self.hazards.host_ranges,
                 "host_registrations": len(self.host._runs),
+                "host_bounced": self.host.bounced,
                 "small_allocations": sum(d.memory.small.used for d in self.devices),
                 "large_allocations": sum(len(d.memory.large) for d in self.devices),
                 "events_created": sum(d.events.created for d in self.devices),
@@ -119,7 +127,7 @@ class CudaRuntime:
     # -- submission (under the lock) -------------------------------------------------------------
     def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
                reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
-               on_complete: list | None = None, nbytes: int = 0) -> Any:
+               on_complete: list | None = None, nbytes: int = 0, staging: Any = None) -> Any:
         """Wait on ``deps`` on the device, run ``enqueue(stream)`` (returns a CUresult), record
         the completion event and write the lane's completion word; returns the future. Failures
         before the work is queued return a failed future and run ``cleanup`` at once."""
@@ -148,17 +156,21 @@ class CudaRuntime:
                     waits[other] = dep
             for dep in waits.values():
                 if dep.ticket > other_done(dep):
-                    code = hot.wait(stream, dep.event)
+                    if dep.event is not None:
+                        code = hot.wait(stream, dep.event)
+                    else:       # wait on the device for the other lane's completion word
+                        code = _wait64(stream, dep.lane.dptr, dep.ticket, D.WAIT_GEQ)[0]
                     if code:
                         break
         if not code:
             code = enqueue(stream)
         event = None
         if not code:
-            event = device.events.acquire()
-            code = hot.record(event, stream)
+            if lane.dptr is None or self.event_waits:
+                event = device.events.acquire()
+                code = hot.record(event, stream)
             if not code and lane.dptr is not None:
-                code = _write64(stream, lane.dptr, lane.ticket + 1, 0)[0]
+                code = D.write64(stream, lane.dptr, lane.ticket + 1)
         if code:
             if event is not None:
                 device.events.release(event)
@@ -172,34 +184,52 @@ class CudaRuntime:
         fut = hub.new_future(label)
         fut.lane, fut.ticket, fut.event = lane, ticket, event
         fut.device, fut.queue, fut.packet = device, lane.name, ticket
-        fut.on_complete, fut.nbytes = on_complete, nbytes
+        fut.on_complete, fut.nbytes, fut.staging = on_complete, nbytes, staging
         if deps:
+            host_deps = None
             for dep, semantic in deps.items():
-                if semantic and not dep.retired:
+                if dep.retired:
+                    continue
+                if semantic:
                     dep._dependents.append(fut)
+                if dep._state == PENDING and (getattr(dep, "on_complete", None) or getattr(dep, "host_deps", None)):
+                    # Work with host-side completion steps (bounced device-to-host copies): they
+                    # run before this future completes, so that its result includes them.
+                    host_deps = host_deps or []
+                    if dep.on_complete:
+                        host_deps.append(dep)
+                    host_deps.extend(d for d in dep.host_deps or () if d._state == PENDING)
+            fut.host_deps = host_deps
         # Ordering state, buffer use counts, and what runs when the work has retired.
-        ordering.record(fut, reads, writes)
-        used = [s for s in {id(s): s for s in (*reads, *writes)}.values()]
-        bufs = [s for s in used if type(s) is Buffer]
-        hosts = [s for s in used if type(s) is ordering.HostRange]
-        for buf in bufs:
-            buf.users += 1
-        keep_list = fut.keep
-        keep_list.extend(bufs)
-        if keep:
-            keep_list.extend(keep)
-        events, hazards = device.events, self.hazards
-
-        def done() -> None:
-            events.release(event)
+        events = device.events
+        if reads or writes:
+            ordering.record(fut, reads, writes)
+            used = {id(s): s for s in (*reads, *writes)}.values()
+            bufs = [s for s in used if type(s) is Buffer]
+            hosts = [s for s in used if type(s) is ordering.HostRange]
             for buf in bufs:
-                buf.unuse()
-            for state in hosts:
-                hazards.prune_host(state)
-            for fn in cleanup:
-                fn()
+                buf.users += 1
+            fut.keep.extend(bufs)
+        else:
+            bufs = hosts = ()
+        if keep:
+            fut.keep.extend(keep)
+        if bufs or hosts or cleanup:
+            hazards = self.hazards
 
-        fut._cleanup.append(done)
+            def done() -> None:
+                if event is not None:
+                    events.release(event)
+                for buf in bufs:
+                    buf.unuse()
+                for state in hosts:
+                    hazards.prune_host(state)
+                for fn in cleanup:
+                    fn()
+
+            fut._cleanup.append(done)
+        elif event is not None:
+            fut._cleanup.append(lambda: events.release(event))
         hub.watch(fut)
         return fut
 
@@ -258,7 +288,7 @@ class CudaRuntime:
         skind, sptr, sdev, sstate, sstream = self._side(src, "src")
         label = f"copy {_where(src)}->{_where(dst)} {nbytes} B"
         deps = ordering.dependencies([sstate], [dstate], after)
-        cleanup, on_complete, keep = [], None, [dst, src]
+        cleanup, on_complete, keep, staging = [], None, [dst, src], None
         if skind == "host":
             device, direction = ddev, "h2d"
         elif dkind == "host":
@@ -271,7 +301,7 @@ class CudaRuntime:
             if direction == "h2d":
                 sptr = self._host_source(src, sstate, nbytes, cleanup)
             elif direction == "d2h":
-                dptr, on_complete = self._host_destination(dst, nbytes, cleanup)
+                dptr, on_complete, staging = self._host_destination(dst, dstate, nbytes, cleanup)
         foreign_waits = [s for s in (dstream, sstream) if s is not None]
         peer_dma = direction != "peer" or ddev.index in sdev.peers
         if self.copy_engines or not peer_dma:
@@ -283,7 +313,7 @@ class CudaRuntime:
                     dptr, ddev.ctx, sptr, sdev.ctx, nbytes, stream)[0]
             enqueue = self._with_foreign_waits(device, foreign_waits, copy)
             return self.submit(device, lane, label, deps, enqueue, [sstate], [dstate], keep, cleanup,
-                               on_complete=on_complete, nbytes=nbytes)
+                               on_complete=on_complete, nbytes=nbytes, staging=staging)
         # Shader copy: the built-in copy kernel on a compute lane of the engine's device.
         loaded = device.loaded(copy_kernel)
         blocks = max(1, min(-(-nbytes // (16 * 256)), 8192))
@@ -293,7 +323,7 @@ class CudaRuntime:
         run = lambda stream: D.HOT.kernel(func, (blocks, 1, 1), (256, 1, 1), stream, params)  # noqa: E731
         enqueue = self._with_foreign_waits(device, foreign_waits, run)
         return self.submit(device, lane, label + " (shader)", deps, enqueue, [sstate], [dstate], keep,
-                           cleanup, on_complete=on_complete, nbytes=nbytes)
+                           cleanup, on_complete=on_complete, nbytes=nbytes, staging=staging)
 
     def _with_foreign_waits(self, device: CudaDevice, streams: list, enqueue: Any) -> Any:
         """Order the copy after the work another library queued on its own streams."""
@@ -317,7 +347,15 @@ class CudaRuntime:
         """A device-readable pointer holding ``arr``'s bytes for a host-to-device copy."""
         addr = arr.__array_interface__["data"][0]
         writer = state.last_write
-        if nbytes <= hostmem.STAGE_LIMIT and (writer is None or writer.retired):
+        pending = writer is not None and not writer.retired
+        block = getattr(writer, "staging", None) if pending else None
+        if block is not None and not writer.done():
+            # A device-to-host copy into ``arr`` went through a bounce block and has not
+            # landed in ``arr`` yet: its block holds the newest bytes, on the device side.
+            block.retain()
+            cleanup.append(block.release)
+            return block.ptr
+        if nbytes <= hostmem.STAGE_LIMIT and not pending:
             ptr, release = self.host.stage(nbytes)    # nothing pending writes it: copy it now
             hostmem.memmove(ptr, addr, nbytes)
             cleanup.append(release)
@@ -332,16 +370,23 @@ class CudaRuntime:
         cleanup.append(release)
         return ptr
 
-    def _host_destination(self, arr: np.ndarray, nbytes: int, cleanup: list) -> tuple[int, list | None]:
-        got = self.host.pin(arr)
-        if got is not None:
-            ptr, release = got
-            cleanup.append(release)
-            return ptr, None
-        ptr, release = self.host.stage(nbytes)
-        cleanup.append(release)
-        addr = arr.__array_interface__["data"][0]
-        return ptr, [lambda: hostmem.memmove(addr, ptr, nbytes)]
+    def _host_destination(self, arr: np.ndarray, state: Any, nbytes: int,
+                          cleanup: list) -> tuple[int, list | None, Any]:
+        """(device-writable pointer, host-side completion steps, bounce block) for a
+        device-to-host copy into ``arr``."""
+        writer = state.last_write
+        after_bounce = (writer is not None and not writer.retired
+                        and getattr(writer, "staging", None) is not None)
+        if not after_bounce:        # (after a bounced write, bounce too: host steps stay in order)
+            got = self.host.pin(arr)
+            if got is not None:
+                ptr, release = got
+                cleanup.append(release)
+                return ptr, None, None
+        block = hostmem.SharedBlock(*self.host.stage(nbytes))
+        cleanup.append(block.release)
+        addr, ptr = arr.__array_interface__["data"][0], block.ptr
+        return ptr, [lambda: hostmem.memmove(addr, ptr, nbytes)], block
 
     def to_numpy(self, buf: Buffer, dtype: np.dtype) -> Any:
         if buf.nbytes % dtype.itemsize:

@@ -1,14 +1,17 @@
 """Lanes (a CUDA stream, its completion word and the futures pending on it) and event pools.
 
 A lane is to the CUDA backend what an AQL queue or an SDMA engine is to HSA: work on one lane
-runs in order. After operation *t* a lane records an event (the device-side dependency handle:
-``cuStreamWaitEvent``) and, where the device supports 64-bit stream memory operations, writes
-*t* into its **completion word**, a 64-bit word in pinned, device-mapped host memory
-(``cuStreamWriteValue64``, ordered after the operation with a memory barrier). So "is *t* done"
-is one load of host memory (about 0.05 us) instead of a ``cuEventQuery`` (about 2 us on the
-H200 machine), and when it reads done every operation before *t* on the lane is done too (the
-spin and the waiter settle whole prefixes). Events stay the ground truth for errors: a sticky
-CUDA error shows as an event query failure, never as a word.
+runs in order. After operation *t* a lane writes *t* into its **completion word**, a 64-bit word
+in pinned, device-mapped host memory (``cuStreamWriteValue64``, ordered after the operation with
+a memory barrier). That word is the CUDA form of an HSA signal:
+- "is *t* done" is one load of host memory (about 0.05 us) instead of a ``cuEventQuery``
+  (about 1 us on the H200 machine), and when it reads done every operation before *t* on the
+  lane is done too (the spin and the waiter settle whole prefixes);
+- work on another lane (or device) that depends on *t* waits for it on the device with
+  ``cuStreamWaitValue64(word >= t)``: no event to record per operation, no host round trip.
+Where the device lacks 64-bit stream memory operations (or with ``event_waits=True`` /
+``completion_words=False``), each operation records an event instead and dependencies use
+``cuStreamWaitEvent``. Errors show in event or stream queries (sticky CUDA errors), never in words.
 """
 from __future__ import annotations
 

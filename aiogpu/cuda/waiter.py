@@ -1,8 +1,8 @@
 """CUDA completions: ``CudaFuture`` and ``CudaHub`` (the spin, the wake-ups, the waiter thread).
 
-A CUDA future is (lane, ticket, event): after the operation its lane records the event and
-writes the ticket into the lane's completion word in host memory (streams.py). How a
-completion reaches an awaiter, fastest first:
+A CUDA future is (lane, ticket): after the operation its lane writes the ticket into the lane's
+completion word in host memory (streams.py; or records an event, where words are not used). How
+a completion reaches an awaiter, fastest first:
 
 1. **Adaptive spin on the loop** (asyncio/uvloop): ``await`` first polls the completion word
    (one memory load; ``cuEventQuery`` where the device lacks stream memory operations) for up to
@@ -18,28 +18,33 @@ completion reaches an awaiter, fastest first:
    thread runs ``sem_post`` in C: no Python runs on a driver thread.
 3. **The waiter thread** (one per runtime) blocks in ``sem_timedwait`` with the GIL released.
    After any wake-up it rescans every lane (level-triggered): it settles each lane's prefix up to
-   its completion word, and queries the event of the first future beyond it (errors, and lanes
-   without words), handing each event loop its awaiters in one batch. A bounded timeout guards
+   its completion word, and queries the stream (or the event) of the first future beyond it
+   (errors; lanes without words), handing each event loop its awaiters in one batch. It also
+   retires, in batches, the futures that spins settled (their buffers, events and host memory
+   are freed there, off the awaiters' latency path). A bounded timeout guards
    against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
    else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second.
 
-Errors: an event query that returns an error other than NOT_READY means the context hit a
-sticky error (illegal address, trap, ...): every pending future of that device fails with a
+Errors: a stream or event query that returns an error other than NOT_READY means the context
+hit a sticky error (illegal address, trap, ...): every pending future of that device fails with a
 ``GPUError`` naming the CUDA error, and so do their dependents on other devices; the device is
-marked broken (later work on it fails at once) until the runtime is closed, which resets the
-device's primary context.
+marked broken (later work on it fails at once, never hangs). CUDA does not recover from such
+errors inside the process: closing the runtime resets the device's primary context, but on the
+H200 driver a new runtime in the same process still gets the error (``CudaError`` naming it);
+a new process works (tests/test_backends.py runs the CUDA failure case in a child process).
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
-import threading
 import time
 from typing import Any, Callable
 
 from .. import _loops
 from ..errors import GPUError
-from ..futures import DONE, FAILED, PENDING, FutureHub, GPUFuture, submission_scope  # noqa: F401
+from ..futures import (DONE, FAILED, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
+                       submission_scope)
 from . import driver as D
 
 LOST_WAKEUP_GUARD_S = 0.1
@@ -54,7 +59,7 @@ LEARN_MIN_BYTES = 1 << 20
 class CudaFuture(GPUFuture):
     """A GPUFuture backed by an event recorded on a lane (see the module doc)."""
 
-    __slots__ = ("lane", "ticket", "event", "on_complete", "nbytes")
+    __slots__ = ("lane", "ticket", "event", "on_complete", "nbytes", "staging", "host_deps")
 
     def __init__(self, hub: "CudaHub", label: str = ""):
         super().__init__(hub, label)
@@ -63,6 +68,8 @@ class CudaFuture(GPUFuture):
         self.event: Any = None
         self.on_complete: list[Callable[[], None]] | None = None
         self.nbytes = 0                # bytes moved (copies): predicts how long it takes
+        self.staging: Any = None       # bounce block of a device-to-host copy
+        self.host_deps: list | None = None   # earlier work whose host steps must run first
         self.retired = False
 
     def done(self) -> bool:
@@ -137,6 +144,7 @@ class CudaHub(FutureHub):
         self._keys = itertools.count(1)
         self.spin_hits = 0
         self.spin_misses = 0
+        self._unretired: collections.deque = collections.deque()
         self.arms = 0
         self.start()
 
@@ -177,7 +185,11 @@ class CudaHub(FutureHub):
 
     def is_complete(self, key: int) -> bool:
         fut = self._pending.get(key)
-        return fut is None or fut.event is None or D.HOT.query(fut.event) != D.NOT_READY
+        if fut is None or fut.lane is None:
+            return True
+        if fut.lane.word is not None and fut.lane.word.value >= fut.ticket:
+            return True
+        return fut.event is not None and D.HOT.query(fut.event) != D.NOT_READY
 
     # -- the spin ----------------------------------------------------------------------------------
     def spin(self, fut: CudaFuture, at_least: float = 0.0):
@@ -191,7 +203,7 @@ class CudaHub(FutureHub):
         if word is not None:
             while fut._state == PENDING:
                 if word.value >= ticket:
-                    self.observed(lane, ticket, 0)
+                    self.completed_now(fut)
                     self._hit(lane, fut, start)
                     return
                 if time.perf_counter() > deadline:
@@ -212,6 +224,47 @@ class CudaHub(FutureHub):
         if fut._state == PENDING:
             self.spin_misses += 1
             lane.spin = max(SPIN_MIN_S, lane.spin / 2)
+
+    def completed_now(self, fut: CudaFuture) -> None:
+        """The spin saw ``fut`` complete: settle what its awaiters see now, and leave retiring it
+        (freeing its event, buffers, host memory) to the waiter's next scan, off the latency
+        path. Futures with host-side completion steps settle fully at once."""
+        if fut.on_complete or fut.host_deps:
+            self.observed(fut.lane, fut.ticket, 0)
+            return
+        posts: dict = {}
+        with self.lock:
+            if fut._state != PENDING:
+                return
+            fut._state = DONE
+            if fut._ports:
+                for port, awaiters in fut._ports.items():
+                    posts.setdefault(port, []).extend(awaiters)
+                fut._ports = {}
+            if fut._callbacks:
+                for port, fn in fut._callbacks:
+                    posts.setdefault(port, []).append(_CallbackAwaiter(fn, fut))
+                fut._callbacks = []
+            if fut._event is not None:
+                fut._event.set()
+            self._unretired.append(fut)
+        if posts:
+            self._post(posts)
+
+    def retire_settled(self, limit: int = 64) -> None:
+        """Retire futures that spins settled (free their events, buffers, host memory), in
+        batches on the waiter thread: measured on the H200, doing it in the spin itself (even
+        in its idle polls) costs the await ~4 us, batching it costs nothing visible."""
+        backlog = self._unretired
+        with self.lock:
+            for _ in range(min(limit, len(backlog))):
+                fut = backlog.popleft()
+                if not fut.retired and self._pending.get(fut.signal) is fut:
+                    self._retire(fut)
+                lane = fut.lane
+                pending = lane.pending
+                while pending and pending[0].retired:
+                    pending.popleft()
 
     def _hit(self, lane: Any, fut: CudaFuture, start: float) -> None:
         self.spin_hits += 1
@@ -238,7 +291,9 @@ class CudaHub(FutureHub):
 
     def scan(self) -> None:
         """Level-triggered: query every lane's pending events, oldest first."""
-        query = D.HOT.query
+        while self._unretired:
+            self.retire_settled(1024)
+        query, stream_query = D.HOT.query, D.cu.cuStreamQuery
         with self.lock:
             work = [(lane, list(lane.pending)) for lane in self.lanes if lane.pending]
         for lane, futs in work:
@@ -249,7 +304,7 @@ class CudaHub(FutureHub):
                 if f.retired or f.ticket <= upto:
                     last = f
                     continue
-                code = query(f.event)
+                code = query(f.event) if f.event is not None else stream_query(lane.stream)[0]
                 if code == 0:
                     last = f
                     continue
@@ -298,6 +353,10 @@ class CudaHub(FutureHub):
                     continue
                 if fut._state == PENDING:
                     exc = None
+                    for dep in fut.host_deps or ():
+                        if dep._state == PENDING:   # complete on the device: settle it first
+                            self.observed(dep.lane, dep.ticket, 0)
+                    fut.host_deps = None
                     for hook in fut.on_complete or ():
                         try:
                             hook()

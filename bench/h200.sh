@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One device call on the H200: versions, the CUDA test subset, the CUDA benchmark (both hot paths).
+# Run from the repository root on the device machine with the carried wheels in .whl/ (see
+# /work/.library/device/README.md): results and logs go to $OUT (default ./out).
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c 'import sys, cuda.bindings, numpy; print(sys.version); print("cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)'
+  python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__)'
+  python3 -c 'import trio, pytest_asyncio, uvloop; print("trio", trio.__version__, "pytest-asyncio", pytest_asyncio.__version__, "uvloop", uvloop.__version__)'
+  python3 -c 'import aiogpu.cuda as c; print("probe", c.probe())'
+} 2>&1 | tee "$OUT/versions.txt"
+STEPS=${STEPS:-"tests bench"}
+if [[ $STEPS == *tests* ]]; then
+  AIOGPU_BACKEND=cuda timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --timeout 120 \
+    tests/test_backends.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+fi
+if [[ $STEPS == *bench* ]]; then
+  timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
+fi
+if [[ $STEPS == *ctypes* ]]; then
+  AIOGPU_CUDA_HOT=ctypes timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_ctypes.json" 2>&1 | tee "$OUT/bench_ctypes.log"
+fi
