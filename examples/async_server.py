@@ -16,7 +16,15 @@ import numpy as np
 import aiogpu
 
 
-@aiogpu.kernel("f32*, f32, u32")
+RAMP_CU = r"""
+extern "C" __global__ void scaled_ramp(float* out, float factor, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = (float)i * factor;
+}
+"""
+
+
+@aiogpu.kernel("f32*, f32, u32", cuda=RAMP_CU)
 def scaled_ramp(launch, out, factor, n):
     out[:n] = np.arange(n, dtype=np.float32) * factor
 

@@ -11,7 +11,15 @@ import pytest
 import aiogpu
 
 
-@aiogpu.kernel("f32*, f32, u32")
+SCALE_CU = r"""
+extern "C" __global__ void scale(float* y, float a, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= a;
+}
+"""
+
+
+@aiogpu.kernel("f32*, f32, u32", cuda=SCALE_CU)
 def scale(launch, y, a, n):
     y[:n] *= a
 

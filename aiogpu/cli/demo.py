@@ -17,12 +17,27 @@ import aiogpu
 N = 1 << 16
 
 
-@aiogpu.kernel("f32*, const f32*, f32, u32")
+SAXPY_CU = r"""
+extern "C" __global__ void saxpy(float* y, const float* x, float a, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += a * x[i];
+}
+"""
+
+SCALE_CU = r"""
+extern "C" __global__ void scale(float* y, float a, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] *= a;
+}
+"""
+
+
+@aiogpu.kernel("f32*, const f32*, f32, u32", cuda=SAXPY_CU)
 def saxpy(launch, y, x, a, n):
     y[:n] += a * x[:n]
 
 
-@aiogpu.kernel("f32*, f32, u32")
+@aiogpu.kernel("f32*, f32, u32", cuda=SCALE_CU)
 def scale(launch, y, a, n):
     y[:n] *= a
 
