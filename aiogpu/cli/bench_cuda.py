@@ -445,6 +445,9 @@ def measure(quick: bool) -> dict:
         small = bandwidth(rt, raw, 256 << 20, 5 if quick else 20)
         res.update({f"{k}_256MiB": v for k, v in small.items()})
         res["bandwidth_bytes"] = (64 << 20) if quick else (1 << 30)
+        progress("data loading: serial vs aiogpu.Loader")
+        from .bench import loader_throughput
+        res.update(_uvloop_run(loader_throughput(rt.devices, 16 if quick else 64, 1 << 24)))
         progress("idle CPU while awaiting a long kernel")
         res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
         res["stats"] = rt.stats()
@@ -491,6 +494,8 @@ ROWS = [
     ("  same at 256 MiB: H2D, D2H, D2D aiogpu / raw", ("h2d_GBs_aiogpu_256MiB", "h2d_GBs_raw_256MiB",
                                                     "d2h_GBs_aiogpu_256MiB", "d2h_GBs_raw_256MiB",
                                                     "d2d_GBs_aiogpu_256MiB", "d2d_GBs_raw_256MiB")),
+    ("batches/s (64 MiB): copy then compute / aiogpu.Loader", ("loader_serial_batches_per_s",
+                                                             "loader_pipelined_batches_per_s")),
     ("idle runtime awaiting a long kernel, CPU %", "idle_cpu_percent"),
 ]
 
