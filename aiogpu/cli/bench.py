@@ -163,15 +163,15 @@ async def two_device_graph(devs: list, reps: int) -> float:
 
 # -- data loading: copies overlapping compute ---------------------------------------------------
 WORK_CU = r"""
-extern "C" __global__ void busy(float* y, const float* x, unsigned int n) {
+extern "C" __global__ void busy(float* y, const float* x, unsigned int n, unsigned int iters) {
     unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { float v = x[i]; for (int k = 0; k < 64; ++k) v = v * 0.999f + 0.001f; y[i] = v; }
+    if (i < n) { float v = x[i]; for (unsigned int k = 0; k < iters; ++k) v = v * 0.999f + 0.001f; y[i] = v; }
 }
 """
 
 
-@aiogpu.kernel("f32*, const f32*, u32", cuda=WORK_CU)
-def busy(launch, y, x, n):
+@aiogpu.kernel("f32*, const f32*, u32, u32", cuda=WORK_CU)
+def busy(launch, y, x, n, iters):
     v = x[:n].copy()
     for _ in range(8):            # the emulator's stand-in for a few ms of compute
         v = np.sqrt(v * v + 1.0)
@@ -186,22 +186,23 @@ def host_batches(count: int, n: int):
         yield arrays[i % 4]
 
 
-async def loader_throughput(devs: list, count: int, n: int) -> dict:
-    """Batches/s: copy then compute, one batch at a time, against aiogpu.Loader (prefetch 2)."""
+async def loader_throughput(devs: list, count: int, n: int, iters: int = 0) -> dict:
+    """Batches/s: copy then compute, one batch at a time, against aiogpu.Loader (prefetch 2).
+    ``iters`` sizes the CUDA kernel's work to about the copy's time (the emulator ignores it)."""
     outs = {d.name: d.alloc(n * 4) for d in devs}
     ins = {d.name: d.alloc(n * 4) for d in devs}
     t = time.perf_counter()
     for i, batch in enumerate(host_batches(count, n)):
         d = devs[i % len(devs)]
         await aiogpu.copy(ins[d.name], batch)
-        await d.launch(busy, (n,), (256,), (outs[d.name], ins[d.name], n))
+        await d.launch(busy, (n,), (256,), (outs[d.name], ins[d.name], n, iters))
     serial = count / (time.perf_counter() - t)
     t = time.perf_counter()
     pending = []
     async with aiogpu.Loader(host_batches(count, n), devs, prefetch=2) as loader:
         async for b in loader:
             d = b.device
-            pending.append(d.launch(busy, (n,), (256,), (outs[d.name], b.data, n), after=[b.ready]))
+            pending.append(d.launch(busy, (n,), (256,), (outs[d.name], b.data, n, iters), after=[b.ready]))
             b.release()
             if len(pending) > 2 * len(devs):
                 await pending.pop(0)

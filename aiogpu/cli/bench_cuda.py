@@ -447,7 +447,7 @@ def measure(quick: bool) -> dict:
         res["bandwidth_bytes"] = (64 << 20) if quick else (1 << 30)
         progress("data loading: serial vs aiogpu.Loader")
         from .bench import loader_throughput
-        res.update(_uvloop_run(loader_throughput(rt.devices, 16 if quick else 64, 1 << 24)))
+        res.update(_uvloop_run(loader_throughput(rt.devices, 16 if quick else 64, 1 << 24, iters=1500)))
         progress("idle CPU while awaiting a long kernel")
         res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
         res["stats"] = rt.stats()
