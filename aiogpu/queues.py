@@ -130,7 +130,7 @@ class AqlQueue:
         self.backlog: deque[PacketGroup] = deque()
         self.inflight: dict[GPUFuture, tuple[int, int]] = {}
         self.generation = 0
-        self.errors: list[GPUError] = []
+        self.errors: list[str] = []    # what failed it, newest last (text: no traceback cycles)
         self.published = 0
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
@@ -270,7 +270,7 @@ class AqlQueue:
         self.inflight.clear()
         self.destroy()              # no packet of it can run any more
         self.generation += 1
-        self.errors.append(err)
+        self.errors.append(str(err))
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
         for fut, (first, last) in victims:
             if first <= failed_at <= last:

@@ -2,8 +2,9 @@
 
 Fixtures: ``gpu_runtime`` (a fresh runtime per test), ``gpu`` (its first device), ``gpus`` (all),
 ``inject`` (fault injection on the emulator). Options: ``--aiogpu-backend=emulator|hsa|cuda``
-(default emulator), ``--aiogpu-gpus=N`` (emulated GPUs). A test fails if it leaves GPU work
-pending or leaks signals, kernel-argument memory or host locks.
+(default emulator), ``--aiogpu-gpus=N`` (emulated GPUs), ``--aiogpu-shared-runtime`` (one runtime
+for the whole session instead of one per test; fault injection then needs care). A test fails if
+it leaves GPU work pending or leaks signals, kernel-argument memory, host locks or buffers.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ def pytest_addoption(parser: Any) -> None:
                     help="backend of the gpu_runtime fixture (default: emulator)")
     group.addoption("--aiogpu-gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
     group.addoption("--aiogpu-sdma-engines", type=int, default=2, help="SDMA engines per emulated GPU")
+    group.addoption("--aiogpu-shared-runtime", action="store_true",
+                    help="one runtime for the whole session instead of a fresh one per test")
 
 
 def _settle(rt: Any, timeout: float) -> dict:
@@ -30,26 +33,56 @@ def _settle(rt: Any, timeout: float) -> dict:
         time.sleep(0.005)
 
 
-@pytest.fixture
-def gpu_runtime(request: Any) -> Iterator[Any]:
-    """A fresh aiogpu runtime for this test, closed afterwards; fails the test on leaks."""
+LEAK_KEYS = ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks")
+
+
+def _open(config: Any, marker_options: dict) -> Any:
     import aiogpu
 
-    config = request.config
     backend = config.getoption("--aiogpu-backend", "emulator")
     options: dict[str, Any] = {}
     if backend == "emulator":
         options = {"gpus": config.getoption("--aiogpu-gpus", 2),
                    "sdma_engines": config.getoption("--aiogpu-sdma-engines", 2)}
-    marker = request.node.get_closest_marker("aiogpu")
-    if marker:
-        options.update(marker.kwargs)
-    rt = aiogpu.Runtime(backend, **options)
-    yield rt
+    options.update(marker_options)
+    return aiogpu.Runtime(backend, **options)
+
+
+def _leaks(rt: Any, *, buffers: bool) -> dict:
+    import gc
+
     stats = _settle(rt, 10.0)
+    leaks = {k: v for k, v in stats.items() if k in LEAK_KEYS and v}
+    if buffers:
+        gc.collect()          # buffers nobody references any more go back now
+        stats = rt.stats()
+        held = stats.get("small_allocations", 0) + stats.get("large_allocations", 0)
+        if held:
+            leaks["buffers"] = held
+    return leaks
+
+
+@pytest.fixture(scope="session")
+def _aiogpu_session_runtime(request: Any) -> Iterator[Any]:
+    rt = _open(request.config, {})
+    yield rt
     rt.close()
-    leaks = {k: v for k, v in stats.items()
-             if k in ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks") and v}
+
+
+@pytest.fixture
+def gpu_runtime(request: Any) -> Iterator[Any]:
+    """A fresh aiogpu runtime for this test (or the session's, with --aiogpu-shared-runtime),
+    closed afterwards; the test fails if it left GPU work or resources behind."""
+    marker = request.node.get_closest_marker("aiogpu")
+    if request.config.getoption("--aiogpu-shared-runtime", False) and marker is None:
+        rt = request.getfixturevalue("_aiogpu_session_runtime")
+        yield rt
+        leaks = _leaks(rt, buffers=False)
+    else:
+        rt = _open(request.config, marker.kwargs if marker else {})
+        yield rt
+        leaks = _leaks(rt, buffers=True)
+        rt.close()
     if leaks:
         pytest.fail(f"the test left GPU work or resources behind: {leaks}")
 

@@ -55,3 +55,10 @@ async def test_copies_still_work_with_sdma_exhausted(gpu, inject):
     buf = gpu.alloc(128)
     await aiogpu.copy(buf, np.arange(128, dtype=np.uint8))      # a shader copy now
     assert (await buf.to_numpy() == np.arange(128)).all()
+
+
+@pytest.mark.aiogpu(gpus=4)
+def test_marker_options_and_plain_threads(gpus):
+    assert len(gpus) == 4
+    buf = gpus[3].alloc(64)
+    assert aiogpu.copy(buf, np.zeros(64, np.uint8)).wait(10)

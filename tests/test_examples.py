@@ -30,4 +30,4 @@ def test_loader_example():
 def test_pytest_plugin_example_suite():
     out = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES / "test_with_aiogpu_plugin.py"))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "5 passed" in out.stdout
+    assert "6 passed" in out.stdout
