@@ -14,7 +14,7 @@ from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
 from .runtime import Runtime, runtime
-from .signals import GPUFuture, InvalidStateError
+from .futures import GPUFuture, InvalidStateError
 from .structured import TaskGroup
 from .graph import Graph, GraphExec
 from .dataloader import Batch, Loader
@@ -59,7 +59,7 @@ def gather(*futures: GPUFuture) -> GPUFuture:
         return graph.record_gather(list(futures))
     hubs = {id(f._hub): f for f in futures if f._hub is not None}
     if not hubs:
-        from .signals import completed_future
+        from .futures import completed_future
         failed = next((f._exc for f in futures if f._exc is not None), None)
         return completed_future(None, "gather", failed)
     rt = _runtime_for_hub(next(iter(hubs.values()))._hub)

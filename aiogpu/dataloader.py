@@ -18,7 +18,6 @@ the copies it started, so none is left writing into a buffer that someone else r
 """
 from __future__ import annotations
 
-import itertools
 from collections import defaultdict
 from typing import Any, AsyncIterator, Iterable
 

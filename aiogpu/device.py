@@ -1,7 +1,6 @@
 """A GPU agent as aiogpu sees it: memory, compute queues, copy engines, kernel launches."""
 from __future__ import annotations
 
-import ctypes
 import itertools
 import math
 from typing import Any, Iterable, Sequence
@@ -9,14 +8,12 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from . import ordering
-from .errors import RuntimeClosedError
+from .futures import GPUFuture
 from .hsa_bindings import packets as P
-from .hsa_bindings import types as T
 from .hsa_bindings.signature import pack
 from .kernels import Kernel, LoadedKernel, load_kernel
 from .memory import Buffer, DeviceMemory
 from .queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
-from .signals import GPUFuture, completed_future
 
 MAX_GRID = 0xFFFFFFFF
 MAX_WORKGROUP = 1024

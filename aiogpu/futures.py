@@ -40,7 +40,7 @@ class GPUFuture:
                  "_dependents", "_dep_signals", "preds", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
                  "__weakref__")
 
-    def __init__(self, hub: "CompletionHub | None", label: str = "", *, signal: int = 0):
+    def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub = hub
         self._state = PENDING
         self._exc: BaseException | None = None
@@ -169,7 +169,7 @@ class _CallbackAwaiter:
         raise TypeError
 
 
-def completed_future(hub: "CompletionHub | None", label: str = "",
+def completed_future(hub: "FutureHub | None", label: str = "",
                      exc: BaseException | None = None) -> GPUFuture:
     """A future that is already done (or failed with ``exc``)."""
     fut = GPUFuture(hub, label)

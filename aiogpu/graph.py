@@ -20,19 +20,18 @@ import itertools
 import struct
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from . import capture as _capture
 from . import ordering
-from .device import Device, check_after, check_dims, pack_args, MAX_GRID, MAX_WORKGROUP
-from .errors import GPUError
+from .device import MAX_GRID, MAX_WORKGROUP, Device, check_dims, pack_args
 from .hsa_bindings import packets as P
 from .kernels import Kernel, copy_kernel
 from .memory import Buffer
 from .queues import PacketGroup, barrier_and_packets
-from .signals import GPUFuture, completed_future
+from .futures import GPUFuture
 
 COMPLETION_OFFSET = P.hsa_kernel_dispatch_packet_t.completion_signal.offset
 DEP_OFFSET = P.hsa_barrier_and_packet_t.dep_signal.offset
@@ -58,7 +57,7 @@ class GraphNode(GPUFuture):
 
 
 class _NodeState:
-    """Per-buffer ordering state inside a capture (the same rules as at run time)."""
+    """Per-buffer ordering state inside a capture (``ordering`` applies the run-time rules)."""
 
     __slots__ = ("last_write", "reads")
 
@@ -100,21 +99,10 @@ class Graph:
         for f in after:
             if not isinstance(f, GraphNode) or f.graph is not self:
                 raise ValueError(f"inside a capture, after= takes nodes of the same graph, got {f!r}")
-        deps = {f: True for f in after}
         rstates, wstates = [self._state(k) for k in reads], [self._state(k) for k in writes]
-        for s in rstates:
-            if s.last_write is not None:
-                deps.setdefault(s.last_write, True)
-        for s in wstates:
-            for prev in [s.last_write, *s.reads]:
-                if prev is not None:
-                    deps.setdefault(prev, False)
+        deps = ordering.dependencies(rstates, wstates, after)   # the run-time rules, at capture
         node = GraphNode(self, kind, op, deps, len(self.nodes), label)
-        for s in wstates:
-            s.last_write, s.reads = node, []
-        for s in rstates:
-            if s not in wstates:
-                s.reads.append(node)
+        ordering.record(node, rstates, wstates)
         self.nodes.append(node)
         return node
 
@@ -198,7 +186,6 @@ class GraphExec:
     def _plan_lanes(self) -> None:
         """Each node gets a lane: a compute queue (launches, gathers, shader copies) or an SDMA
         engine (copies while one is free at instantiation)."""
-        rt = self.runtime
         self.lane_of: dict[GraphNode, Any] = {}
         self.engine_of: dict[GraphNode, int] = {}
         rr = itertools.count()
@@ -374,7 +361,7 @@ class GraphExec:
         return uniq(reads), uniq(writes), keep
 
     def _replay(self, patches: dict) -> GPUFuture:
-        rt, hub = self.runtime, self.runtime.hub
+        hub = self.runtime.hub
         label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
         reads, writes, keep = self._buffers(patches)
         deps = ordering.dependencies(reads, writes, [])
@@ -407,7 +394,7 @@ class GraphExec:
         return replay
 
     def _submit_lane(self, lane: _Lane, node_futs: dict, head: list, deps: dict, patches: dict) -> GPUFuture:
-        rt, hub = self.runtime, self.runtime.hub
+        hub = self.runtime.hub
         blob = bytearray(lane.blob)
         for i, node in lane.completions:
             struct.pack_into("<Q", blob, i * 64 + COMPLETION_OFFSET, node_futs[node].signal)
@@ -453,16 +440,18 @@ class GraphExec:
         return segment
 
     def _submit_sdma(self, node: GraphNode, engine: int, node_futs: dict, head: list, deps: dict) -> GPUFuture:
-        rt, hub = self.runtime, self.runtime.hub
+        hub = self.runtime.hub
         fut = node_futs[node]
         dev = self._copy_device(node)
         fut.device, fut.kind, fut.nbytes = dev, "copy", node.op["dst"].nbytes
         src, dst = node.op["src"], node.op["dst"]
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
         src_agent, dst_agent = self._copy_agents(node)
+        for d, semantic in node.deps.items():
+            hub.depend(fut, node_futs[d], semantic=semantic)
+        for d in head:
+            hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
-        for w in waits:
-            hub.depend(fut, w, semantic=deps.get(w, True))
         name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent, dst.nbytes,
                                   [w.signal for w in waits], fut.signal)
         if name is None:

@@ -8,7 +8,7 @@ AMD code object (kernel symbol = the function's name); ``cuda`` is CUDA C source
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from .hsa_bindings import emulated_code

@@ -87,17 +87,20 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
 def _live(fut: GPUFuture | None) -> list[GPUFuture]:
     """The unretired work that ordering after ``fut`` means waiting for: ``fut`` itself, or, if
     it failed and retired without running (its queue was aborted, or it was never submitted),
-    what it was itself ordered after, which may still be running."""
-    if fut is None:
-        return []
-    if not fut.retired:
-        return [fut]
-    if fut._exc is None:
-        return []
+    what it was itself ordered after, which may still be running (followed iteratively: long
+    chains of failures must not exhaust the stack)."""
     out: list[GPUFuture] = []
-    for p in fut.preds:
-        out.extend(_live(p))
-    fut.preds = [p for p in fut.preds if not p.retired or p._exc is not None]
+    stack, seen = [fut], set()
+    while stack:
+        f = stack.pop()
+        if f is None or id(f) in seen:
+            continue
+        seen.add(id(f))
+        if not f.retired:
+            out.append(f)
+        elif f._exc is not None:
+            f.preds = [p for p in f.preds if not p.retired or p._exc is not None]
+            stack.extend(f.preds)
     return out
 
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from .errors import GPUError
 from .hsa_bindings import atomics
 from .hsa_bindings import packets as P
 from .hsa_bindings import types as T
-from .signals import CompletionHub, GPUFuture
+from .futures import GPUFuture
+from .signals import CompletionHub
 
 DEFAULT_RING = 1024
 KERNARG_RING_BYTES = 256 << 10

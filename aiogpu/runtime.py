@@ -22,7 +22,8 @@ from .hsa_bindings import types as T
 from .kernels import copy_kernel, fill_kernel
 from .memory import Buffer, HostLocks
 from .queues import PacketGroup, barrier_and_packets
-from .signals import CompletionHub, GPUFuture, completed_future
+from .futures import GPUFuture, completed_future
+from .signals import CompletionHub
 
 KERNARG_RING_BYTES = 256 << 10
 

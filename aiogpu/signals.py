@@ -11,8 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .futures import (DONE, FAILED, PENDING, FutureHub, GPUFuture, InvalidStateError,  # noqa: F401
-                      completed_future, submission_scope)
+from .futures import FutureHub, GPUFuture
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1

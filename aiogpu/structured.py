@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable
 
 import anyio
 
-from . import signals
+from . import futures
 
 
 class TaskGroup:
@@ -21,17 +21,17 @@ class TaskGroup:
 
     def __init__(self) -> None:
         self._tg = anyio.create_task_group()
-        self._submitted: list[signals.GPUFuture] = []
+        self._submitted: list[futures.GPUFuture] = []
         self._token: Any = None
 
     async def __aenter__(self) -> "TaskGroup":
         await self._tg.__aenter__()
-        self._token = signals.submission_scope.set(self._submitted)
+        self._token = futures.submission_scope.set(self._submitted)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool | None:
-        signals.submission_scope.reset(self._token)
+        futures.submission_scope.reset(self._token)
         try:
             return await self._tg.__aexit__(exc_type, exc, tb)
         finally:
@@ -48,12 +48,12 @@ class TaskGroup:
         return self._tg.cancel_scope
 
     @property
-    def submitted(self) -> list[signals.GPUFuture]:
+    def submitted(self) -> list[futures.GPUFuture]:
         """The GPU futures submitted inside this group so far."""
         return list(self._submitted)
 
 
-async def _settle(fut: signals.GPUFuture) -> None:
+async def _settle(fut: futures.GPUFuture) -> None:
     try:
         await fut
     except Exception:  # its failure belongs to whoever awaited it; we only wait

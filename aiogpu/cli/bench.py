@@ -15,7 +15,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -214,7 +214,7 @@ async def loader_throughput(devs: list, count: int, n: int, iters: int = 0) -> d
 # -- driver ------------------------------------------------------------------------------------
 def measure(backend: str | None, quick: bool) -> dict:
     n = 200 if quick else 1000
-    tasks, per_task = 64, (50 if quick else 1000)
+    per_task = 50 if quick else 1000
     reps = 3 if quick else 20
     rt = aiogpu.Runtime(backend)
     res: dict[str, Any] = {"backend": rt.backend, "reason": rt.reason, "quick": quick}

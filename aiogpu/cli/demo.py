@@ -60,7 +60,7 @@ async def pipeline(rt: aiogpu.Runtime, batches: int, in_flight: int = 4) -> dict
             zero = y.fill(0)
             k0 = d0.launch(saxpy, grid=(N,), block=(256,), args=(y, x, 3.0, N), after=[up, zero])
             peer = aiogpu.copy(z, y, after=[k0])
-            k1 = d1.launch(scale, grid=(N,), block=(256,), args=(z, 0.5, N), after=[peer])
+            d1.launch(scale, grid=(N,), block=(256,), args=(z, 0.5, N), after=[peer])
             out = z.to_numpy(np.float32)
             result = await out
             for f in (up, peer, out):

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from .. import _loops
 from ..errors import GPUError
-from ..futures import (DONE, FAILED, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
+from ..futures import (DONE, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
                        submission_scope)
 from . import driver as D
 

@@ -5,7 +5,6 @@ cannot tell them apart. ``OPTIONAL`` names are probed: ROCr 5.2.3 lacks the SDMA
 """
 from __future__ import annotations
 
-import ctypes
 from ctypes import POINTER, c_bool, c_char_p, c_int, c_size_t, c_uint32, c_uint64, c_void_p
 
 from .types import (

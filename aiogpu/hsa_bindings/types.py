@@ -6,7 +6,7 @@ layouts against those headers with a C compiler.
 from __future__ import annotations
 
 import ctypes
-from ctypes import c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
+from ctypes import c_int32, c_int64, c_uint32, c_uint64, c_void_p
 
 hsa_status_t = c_int32  # C enums are int-sized
 hsa_signal_value_t = c_int64
