@@ -3,7 +3,9 @@
 ``@aiogpu.kernel("f32*, const f32*, f32, u32", hsaco=..., cuda=...)`` declares a kernel. Its
 Python body is the NumPy reference implementation: the emulator runs it once per dispatch, with
 pointer arguments as typed views of whole buffers, and tests use it as the oracle. ``hsaco`` is an
-AMD code object (kernel symbol = the function's name); ``cuda`` is CUDA C source or cubin bytes.
+AMD code object (kernel symbol = the function's name); ``opencl`` is OpenCL C source, compiled for
+the agent's ISA at first use through ROCm's comgr (where libamd_comgr is present); ``cuda`` is
+CUDA C source or cubin bytes.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ class Kernel:
     """A GPU kernel with a typed signature; launch it with ``Device.launch``."""
 
     def __init__(self, body: Callable, signature: str, *, hsaco: bytes | None = None,
-                 cuda: str | bytes | None = None, name: str | None = None):
+                 cuda: str | bytes | None = None, opencl: str | None = None, name: str | None = None):
         if not callable(body):
             raise TypeError("a kernel body must be a function")
         self.body = body
@@ -42,7 +44,9 @@ class Kernel:
         self.args: tuple[Arg, ...] = parse_signature(signature)
         self.hsaco = hsaco
         self.cuda = cuda
+        self.opencl = opencl
         self._token: int | None = None
+        self._compiled: dict[str, bytes] = {}    # ISA -> code object built from ``opencl``
         self.__doc__ = body.__doc__
 
     @property
@@ -60,9 +64,15 @@ class Kernel:
             if self._token is None:
                 self._token = emulated_code.register(self.body)
             return emulated_code.code_object([(self.name, self.signature, self._token)])
-        if self.hsaco is None:
-            raise ValueError(f"kernel {self.name!r} has no AMD code object (hsaco=) for {isa}")
-        return self.hsaco
+        if self.hsaco is not None:
+            return self.hsaco
+        if self.opencl is not None:
+            if isa not in self._compiled:
+                from .hsa_bindings import comgr
+                self._compiled[isa] = comgr.compile_opencl(self.opencl, isa)
+            return self._compiled[isa]
+        raise ValueError(f"kernel {self.name!r} has no AMD code object (hsaco=) or OpenCL C source "
+                         f"(opencl=) for {isa}")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
@@ -73,12 +83,12 @@ class Kernel:
 
 
 def kernel(signature: str, *, hsaco: bytes | None = None, cuda: str | bytes | None = None,
-           name: str | None = None) -> Callable[[Callable], Kernel]:
+           opencl: str | None = None, name: str | None = None) -> Callable[[Callable], Kernel]:
     """Declare a kernel from its NumPy reference body: ``@aiogpu.kernel("f32*, u32")``."""
     parse_signature(signature)  # bad signatures fail at declaration
 
     def wrap(body: Callable) -> Kernel:
-        return Kernel(body, signature, hsaco=hsaco, cuda=cuda, name=name)
+        return Kernel(body, signature, hsaco=hsaco, cuda=cuda, opencl=opencl, name=name)
 
     return wrap
 
@@ -148,13 +158,28 @@ extern "C" __global__ void aiogpu_fill(unsigned int* dst, unsigned int value, un
 """
 
 
-@kernel("u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU)
+COPY_CL = """
+__kernel void aiogpu_copy(__global uchar* dst, __global const uchar* src, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) dst[i] = src[i];
+}
+"""
+
+FILL_CL = """
+__kernel void aiogpu_fill(__global uint* dst, uint value, ulong n) {
+    ulong i = get_global_id(0);
+    if (i < n) dst[i] = value;
+}
+"""
+
+
+@kernel("u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU, opencl=COPY_CL)
 def copy_kernel(launch, dst, src, n):
     """Shader copy: the fallback when no SDMA engine (CUDA: copy stream) is available."""
     dst[:n] = src[:n]
 
 
-@kernel("u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU)
+@kernel("u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU, opencl=FILL_CL)
 def fill_kernel(launch, dst, value, n):
     """Fill ``n`` 32-bit words with ``value``."""
     dst[:n] = value
