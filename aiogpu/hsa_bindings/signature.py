@@ -18,6 +18,7 @@ SCALARS = {
     "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
     "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
 }
+DTYPES = {name: np.dtype(t) for name, t in SCALARS.items()}
 POINTER_SIZE = 8
 KERNARG_ALIGN = 16
 
@@ -32,7 +33,7 @@ class Arg:
 
     @property
     def dtype(self) -> np.dtype:
-        return np.dtype(SCALARS[self.type_name])
+        return DTYPES[self.type_name]
 
     @property
     def size(self) -> int:
