@@ -42,8 +42,9 @@ def scale(launch, y, a, n):
     y[:n] *= a
 
 
-async def pipeline(rt: aiogpu.Runtime, batches: int, in_flight: int = 4) -> dict:
-    d0, d1 = rt.devices[0], rt.devices[min(1, len(rt.devices) - 1)]
+async def pipeline(rt: aiogpu.Runtime, batches: int, in_flight: int = 4, devices: list | None = None) -> dict:
+    devices = devices or rt.devices
+    d0, d1 = devices[0], devices[min(1, len(devices) - 1)]
     where = collections.Counter()
     limit = asyncio.Semaphore(in_flight)
     rng = np.random.default_rng(7)
