@@ -158,9 +158,11 @@ class Loader:
         return Batch(self, index, device, data, buffers, ready)
 
     def _take(self, device: Any, nbytes: int) -> Buffer:
+        # The buffer released longest ago: its consumer's work is the likeliest to be done, so
+        # the copy into it (ordered after that work on the device) starts soonest.
         free = self._pool[(id(device), nbytes)]
         if free:
-            return free.pop()
+            return free.pop(0)
         self.allocated += 1
         return device.alloc(nbytes)
 
