@@ -139,8 +139,7 @@ class CudaRuntime:
             if err is not None:
                 for fn in cleanup:
                     fn()
-                failed = getattr(ordering, "failed_without_running", None)
-                return failed(hub, label, err, writes) if failed else completed_future(hub, label, err)
+                return ordering.failed_without_running(hub, label, err, writes)
         device.make_current()
         stream = lane.stream
         hot = D.HOT
