@@ -22,6 +22,36 @@ BACKENDS = [
 ]
 
 
+def _cuda_gpu_count() -> int:
+    if not CUDA_OK:
+        return 0
+    from cuda.bindings import driver as cu
+
+    err, count = cu.cuDeviceGetCount()
+    return count if err == 0 else 0
+
+
+CUDA_GPUS = _cuda_gpu_count()
+BACKENDS_2GPU = [   # the emulated runtimes have two GPUs
+    pytest.param("emulator", id="emulator"),
+    pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        CUDA_GPUS < 2, reason=f"needs two NVIDIA GPUs; {CUDA_GPUS} here ({CUDA_WHY})")]),
+]
+
+
+def _torch_with_cuda() -> bool:
+    if not CUDA_OK:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+TORCH_CUDA = _torch_with_cuda()
+
+
 def wait_for_baseline(rt: aiogpu.Runtime, timeout: float = 5.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
@@ -95,6 +125,14 @@ def make_any(any_backend):
 def any_rt(make_any):
     """A fresh runtime of each backend (emulator; CUDA where available), checked for leaks."""
     return make_any()
+
+
+@pytest.fixture(params=BACKENDS_2GPU)
+def any_rt2(request):
+    """Like ``any_rt``, for tests that need two GPUs (CUDA where two answer)."""
+    rt = backend_runtime(request.param)
+    yield rt
+    _close_checked(rt)
 
 
 @pytest.fixture

@@ -15,12 +15,8 @@ import numpy as np
 import pytest
 
 import aiogpu
+from conftest import TORCH_CUDA, _close_checked, backend_runtime
 from gpu_kernels import add_const_n, add_into, fail_if, saxpy, scale, sleep_ms, slow_increment
-
-
-def needs_gpus(rt, n):
-    if len(rt.devices) < n:
-        pytest.skip(f"needs {n} GPUs; this {rt.backend} runtime has {len(rt.devices)}")
 
 
 def rng_array(n, dtype=np.float32, seed=0):
@@ -191,8 +187,8 @@ async def test_shader_copies_give_the_same_results(make_any):
 
 
 @pytest.mark.asyncio
-async def test_peer_copies_both_ways(any_rt):
-    needs_gpus(any_rt, 2)
+async def test_peer_copies_both_ways(any_rt2):
+    any_rt = any_rt2
     d0, d1 = any_rt.devices[:2]
     n = 1 << 20
     data = rng_array(n)
@@ -382,8 +378,8 @@ def test_bad_input_raises_before_submission(any_rt):
     assert any_rt.stats()["pending"] == pending
 
 
-def test_buffers_of_another_device_are_rejected(any_rt):
-    needs_gpus(any_rt, 2)
+def test_buffers_of_another_device_are_rejected(any_rt2):
+    any_rt = any_rt2
     d0, d1 = any_rt.devices[:2]
     x, other = d0.alloc(64), d1.alloc(64)
     with pytest.raises(ValueError, match="not on gpu0"):
@@ -402,18 +398,22 @@ def test_closed_runtime_rejects_work(make_any):
 
 
 # -- interop ---------------------------------------------------------------------------------------
+def test_buffer_interop_is_cuda_only(rt):
+    buf = rt.devices[0].alloc(1024 * 4)
+    assert not hasattr(buf, "__cuda_array_interface__")
+    with pytest.raises(TypeError, match="only CUDA buffers"):
+        buf.__dlpack__()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not TORCH_CUDA, reason="needs the CUDA backend and a CUDA build of torch")
 @pytest.mark.asyncio
-async def test_buffer_interop_with_torch(any_rt):
+async def test_buffer_interop_with_torch():
+    import torch
+
+    any_rt = backend_runtime("cuda")
     d0 = any_rt.devices[0]
     buf = d0.alloc(1024 * 4)
-    if any_rt.backend != "cuda":
-        assert not hasattr(buf, "__cuda_array_interface__")
-        with pytest.raises(TypeError, match="only CUDA buffers"):
-            buf.__dlpack__()
-        return
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
     data = np.arange(1024, dtype=np.float32)
     await aiogpu.copy(buf, data)
     assert buf.__dlpack_device__() == (2, d0.index)
@@ -432,6 +432,7 @@ async def test_buffer_interop_with_torch(any_rt):
     cai = buf.__cuda_array_interface__
     assert cai["data"][0] == buf.address and cai["shape"] == (buf.nbytes,) and cai["version"] == 3
     del t
+    _close_checked(any_rt)
 
 
 @pytest.mark.asyncio
