@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from conftest import TORCH_CUDA, _close_checked, backend_runtime
+from backends import TORCH_CUDA, _close_checked, backend_runtime
 from gpu_kernels import add_const_n, add_into, fail_if, saxpy, scale, sleep_ms, slow_increment
 
 
