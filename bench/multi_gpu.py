@@ -14,19 +14,9 @@ import json
 import sys
 import time
 
-import numpy as np
-
 import aiogpu
-from aiogpu.cli.bench import loader_throughput
+from aiogpu.cli.bench import loader_throughput, two_device_graph
 from aiogpu.cli.demo import pipeline
-
-NOOP_CU = r"""extern "C" __global__ void noop(unsigned int n) {}"""
-
-
-@aiogpu.kernel("u32", cuda=NOOP_CU)
-def noop(launch, n):
-    pass
-
 
 async def peer(devs, nbytes, reps, res, rt):
     for s, d in ((0, 1), (1, 0)):
@@ -58,23 +48,6 @@ def raw_peer(src, dst, a, b, nbytes, reps):
     return bw
 
 
-async def two_gpu_graph(devs, nbytes, reps):
-    d0, d1 = devs[0], devs[1]
-    a, b = d0.alloc(nbytes), d1.alloc(nbytes)
-    with aiogpu.Graph() as g:
-        prev = None
-        for _ in range(10):
-            k = d0.launch(noop, (1,), (1,), (0,), after=[prev] if prev else [])
-            c = aiogpu.copy(b, a, after=[k])
-            prev = d1.launch(noop, (1,), (1,), (0,), after=[c])
-    exe = g.instantiate()
-    await exe.launch()
-    t = time.perf_counter()
-    for _ in range(reps):
-        await exe.launch()
-    return (time.perf_counter() - t) / reps / 30 * 1e6
-
-
 def main(path: str) -> int:
     rt = aiogpu.Runtime()
     devs = rt.devices
@@ -85,7 +58,7 @@ def main(path: str) -> int:
             print(f"needs two GPUs; {rt.backend} has {len(devs)}")
             return 1
         asyncio.run(peer(devs, (1 << 30) if big else (8 << 20), 10 if big else 4, res, rt))
-        res["graph2_replay_us_per_node"] = asyncio.run(two_gpu_graph(devs, 1 << 20, 50 if big else 5))
+        res["graph2_replay_us_per_node"] = asyncio.run(two_device_graph(devs, 50 if big else 5))
         for label, use in (("all", devs), ("one", devs[:1])):
             summary = asyncio.run(pipeline(rt, 64 if big else 16, devices=use))
             res[f"demo_{label}_gpus_ops_per_s"] = summary["ops"] / summary["seconds"]

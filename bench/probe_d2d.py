@@ -5,10 +5,8 @@ raw cuMemcpyAsync; raw copies each followed by cuStreamWriteValue64 to host-mapp
 aiogpu lane adds); and aiogpu itself, with completion words and with events.
 """
 import asyncio
-import ctypes
 import time
 
-import numpy as np
 from cuda.bindings import driver as cu
 
 import aiogpu

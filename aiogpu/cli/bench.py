@@ -23,7 +23,10 @@ import aiogpu
 from aiogpu.hsa_bindings import types as T
 
 
-@aiogpu.kernel("u32")
+NOOP_CU = r"""extern "C" __global__ void noop(unsigned int n) {}"""
+
+
+@aiogpu.kernel("u32", cuda=NOOP_CU)
 def noop(launch, n):
     pass
 

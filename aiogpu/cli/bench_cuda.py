@@ -30,6 +30,8 @@ import numpy as np
 
 import aiogpu
 
+from .bench import graph_costs, loader_throughput
+
 NOOP_CU = r"""
 extern "C" __global__ void bench_noop(unsigned int n) { }
 """
@@ -286,34 +288,6 @@ async def tp_executor(dev: Any, tasks: int, per_task: int, pool: Any) -> float:
     return tasks * per_task / (time.perf_counter() - t)
 
 
-# -- graphs ------------------------------------------------------------------------------------------
-async def graph_costs(dev: Any, nodes: int, reps: int) -> dict:
-    with aiogpu.Graph() as g:
-        prev = None
-        for _ in range(nodes):
-            prev = dev.launch(noop, (1,), (1,), (0,), after=[prev] if prev else [])
-    exe = g.instantiate()
-    await exe.launch()
-    t = time.perf_counter()
-    for _ in range(reps):
-        await exe.launch()
-    replay = (time.perf_counter() - t) / reps / nodes
-    t = time.perf_counter()
-    for _ in range(reps):
-        for _ in range(nodes):
-            await dev.launch(noop, (1,), (1,), (0,))
-    awaited = (time.perf_counter() - t) / reps / nodes
-    t = time.perf_counter()
-    for _ in range(reps):
-        prev = None
-        for _ in range(nodes):
-            prev = dev.launch(noop, (1,), (1,), (0,), after=[prev] if prev else [])
-        await prev
-    chained = (time.perf_counter() - t) / reps / nodes
-    return {"graph_replay_us_per_node": replay * 1e6, "awaited_launch_us_per_node": awaited * 1e6,
-            "chained_launch_us_per_node": chained * 1e6}
-
-
 # -- bandwidth ---------------------------------------------------------------------------------------
 def bandwidth(rt: Any, raw: Raw, nbytes: int, reps: int) -> dict:
     cu, check = raw.cu, raw.check
@@ -439,14 +413,13 @@ def measure(quick: bool) -> dict:
             res[f"executor_ops_per_s_{k}"] = _uvloop_run(tp_executor(dev_ev, k, per_task, pool))
         res["aiogpu_ops_per_s_64_asyncio"] = asyncio.run(tp_aiogpu(dev, 64, per_task))
         progress("graph replay: 100-node chain")
-        res.update(_uvloop_run(graph_costs(dev, 100, 5 if quick else 50)))
+        res.update(_uvloop_run(graph_costs([dev], 100, 5 if quick else 50)))
         progress("bandwidth")
         res.update(bandwidth(rt, raw, (64 << 20) if quick else (1 << 30), 5 if quick else 10))
         small = bandwidth(rt, raw, 256 << 20, 5 if quick else 20)
         res.update({f"{k}_256MiB": v for k, v in small.items()})
         res["bandwidth_bytes"] = (64 << 20) if quick else (1 << 30)
         progress("data loading: serial vs aiogpu.Loader")
-        from .bench import loader_throughput
         res.update(_uvloop_run(loader_throughput(rt.devices, 16 if quick else 64, 1 << 24, iters=1500)))
         progress("idle CPU while awaiting a long kernel")
         res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
