@@ -147,6 +147,7 @@ class Device:
 
     # -- kernels -------------------------------------------------------------------------------
     def loaded(self, kernel: Kernel) -> LoadedKernel:
+        """``kernel`` loaded on this device (its code object loaded and frozen once, then cached)."""
         got = self._kernels.get(kernel)
         if got is None:
             got = self._kernels[kernel] = load_kernel(self.runtime.api, self.agent, kernel, self.isa)

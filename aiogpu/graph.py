@@ -82,6 +82,7 @@ class Graph:
         _capture.end(self._token)
 
     def accepts(self, runtime: Any) -> bool:
+        """Whether this capture records ``runtime``'s operations (a graph holds one runtime's)."""
         if self.runtime is None:
             self.runtime = runtime
         if self.runtime is not runtime:
@@ -108,6 +109,7 @@ class Graph:
 
     def record_launch(self, device: Device, kernel: Kernel, grid: tuple, block: tuple, args: tuple,
                       after: list) -> GraphNode:
+        """A launch node (arguments already checked by ``Device.launch``)."""
         buffers = {i: a for i, a in enumerate(args) if isinstance(a, Buffer)}
         reads = list(buffers.values())
         writes = [buffers[i] for i in kernel.writes if i in buffers]
@@ -115,11 +117,13 @@ class Graph:
         return self._add("launch", op, after, reads, writes, f"{kernel.name}@{device.name}")
 
     def record_copy(self, dst: Any, src: Any, after: list) -> GraphNode:
+        """A copy node (sides already checked by ``aiogpu.copy``)."""
         key = lambda s: s if isinstance(s, Buffer) else ("host", s.__array_interface__["data"][0], s.nbytes)  # noqa: E731
         op = dict(dst=dst, src=src)
         return self._add("copy", op, after, [key(src)], [key(dst)], "copy")
 
     def record_gather(self, futures: list) -> GraphNode:
+        """A join node: later nodes that name it wait for all of ``futures``."""
         return self._add("gather", {}, futures, [], [], "gather")
 
     def instantiate(self) -> Any:

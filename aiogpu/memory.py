@@ -151,6 +151,7 @@ class Buffer:
         self._finalizer = weakref.finalize(self, release, address)
 
     def check_usable(self) -> None:
+        """Raise ValueError for a freed buffer, RuntimeClosedError for a closed runtime."""
         if self.freed:
             raise ValueError(f"{self!r} was freed")
         if self.device.runtime.closed:

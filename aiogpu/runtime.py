@@ -137,14 +137,17 @@ class Runtime:
         return kernarg, system
 
     def agent_name(self, agent: Any) -> str:
+        """The HSA agent's name (its ISA for GPUs, e.g. ``gfx90a``)."""
         name = ctypes.create_string_buffer(64)
         self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_NAME, name)
         return name.value.decode(errors="replace")
 
     def gpu_agents(self) -> list:
+        """The GPU agents, in device order."""
         return [agent for agent, _ in self._gpus]
 
     def all_agents(self) -> list:
+        """The CPU agent, then the GPU agents."""
         return [self._cpu, *self.gpu_agents()]
 
     def kernarg_block(self, agent: Any) -> tuple[int, int]:
@@ -161,10 +164,12 @@ class Runtime:
 
     # -- state ---------------------------------------------------------------------------------
     def check_open(self) -> None:
+        """Raise RuntimeClosedError once ``close()`` has begun."""
         if self.closed:
             raise RuntimeClosedError("the aiogpu runtime is closed")
 
     def capturing(self) -> Any:
+        """The graph capturing this runtime's operations in this context, else None."""
         return _capture.current(self)
 
     def stats(self) -> dict:
@@ -246,6 +251,7 @@ class Runtime:
         return self.hazards.host(addr, side.nbytes), None, self._cpu, [side]
 
     def to_numpy(self, buf: Buffer, dtype: np.dtype) -> GPUFuture:
+        """See ``Buffer.to_numpy``: a device-to-host copy into a new array (the future's result)."""
         if buf.nbytes % dtype.itemsize:
             raise ValueError(f"{buf!r} is not a whole number of {dtype} elements")
         out = np.empty(buf.nbytes // dtype.itemsize, dtype=dtype)
@@ -254,6 +260,7 @@ class Runtime:
         return fut
 
     def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+        """See ``Buffer.fill``: the built-in fill kernel over the buffer's 32-bit words."""
         if buf.nbytes % 4:
             raise ValueError(f"fill writes 32-bit words; {buf!r} is not a multiple of 4 bytes")
         return buf.device.launch(fill_kernel, (max(buf.nbytes // 4, 1),), (256,),

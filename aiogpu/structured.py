@@ -41,6 +41,7 @@ class TaskGroup:
                         await _settle(fut)
 
     def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any, name: Any = None) -> None:
+        """Start ``fn(*args)`` as a task of the group (anyio semantics)."""
         self._tg.start_soon(fn, *args, name=name)
 
     @property
