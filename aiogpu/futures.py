@@ -37,7 +37,7 @@ class GPUFuture:
     """
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
-                 "_dependents", "_dep_signals", "preds", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
+                 "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
                  "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
@@ -53,6 +53,8 @@ class GPUFuture:
         self._dep_signals: list[int] = []   # signals of other futures that our packets name
         self.retired = signal == 0          # the device is done with it (resources freed)
         self.preds: list[GPUFuture] = []    # earlier work it was ordered after (see ordering)
+        self._on_retire: list[Callable[[], None]] = []   # run once it has retired
+        self._retiring = False              # a failed future waiting for its preds to retire
         self.label = label
         self.value: Any = None            # what result() returns (an array for to_numpy)
         self.kind = ""                    # "dispatch", "copy", "join", "graph" (for traces)
@@ -256,8 +258,30 @@ class FutureHub:
     def retire_failed(self, fut: GPUFuture) -> None:
         """A failed future whose work can no longer run (its queue is destroyed): mark its
         completion object complete, so that work waiting on it elsewhere proceeds rather than
-        stalls (that work's futures have failed already), and free what it held (under lock)."""
-        if fut._state == FAILED and not fut.retired:
+        stalls (that work's futures have failed already), and free what it held (under lock).
+
+        Not before the work it was ordered after has retired, though: whoever waits on it on
+        the device relies on its completion implying theirs (a copy ordered after it must not
+        overtake an earlier copy into the same buffer)."""
+        if fut._state != FAILED or fut.retired or fut._retiring:
+            return
+        waiting = [p for p in fut.preds if not p.retired]
+        if not waiting:
+            self._force_retire(fut)
+            return
+        left = [len(waiting)]
+
+        def one_retired() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                self._force_retire(fut)
+
+        fut._retiring = True
+        for p in waiting:
+            p._on_retire.append(one_retired)
+
+    def _force_retire(self, fut: GPUFuture) -> None:
+        if not fut.retired:
             if fut.signal:
                 self.force_complete(fut.signal)
             self._retire(fut)
@@ -368,6 +392,9 @@ class FutureHub:
         fut._dependents = []
         if fut._exc is None:
             fut.preds = []   # it finished after them: nothing to inherit
+        callbacks, fut._on_retire = fut._on_retire, []
+        for fn in callbacks:
+            fn()
 
     def _propagate(self, fut: GPUFuture, exc: BaseException, posts: dict) -> None:
         # Dependents fail now; their packets still run (on a released signal) and retire later.

@@ -437,7 +437,8 @@ class GraphExec:
         kernargs = {offset + i: data for i, data in kernargs.items()}
         for fut, _ in marks:
             fut.device, fut.kind = lane.device, "dispatch"
-        lane.device._track(segment, lane.queue, [], [], [])
+            fut.preds.extend(head + waits)     # a node is ordered after the lane's waits
+        lane.device._track(segment, lane.queue, [], [], [], head + waits)
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs))
         for fut, _ in marks:      # node futures retire with their lane
             fut._cleanup.append(lambda q=lane.queue, f=fut: q.inflight.pop(f, None))
@@ -456,6 +457,7 @@ class GraphExec:
         for d in head:
             hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
+        fut.preds.extend(waits)
         name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent, dst.nbytes,
                                   [w.signal for w in waits], fut.signal)
         if name is None:

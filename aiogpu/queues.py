@@ -301,6 +301,7 @@ class CopyEngines:
     def __init__(self, api: Any, agent: Any, name: str):
         self.api, self.agent, self.name = api, agent, name
         self._next = 0
+        self.seen: set[int] = set()   # engines reported free at some point: they exist
         self.counts: dict[str, int] = {}
 
     def free_engines(self, dst_agent: Any, src_agent: Any) -> list[int]:
@@ -311,10 +312,17 @@ class CopyEngines:
         return T.sdma_engine_bits(mask.value) if status == T.HSA_STATUS_SUCCESS else []
 
     def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
-        """An engine id bit for a copy between the two agents, round-robin over the free ones."""
+        """An engine id bit for a copy between the two agents: round-robin over the free ones;
+        when every engine is busy, over the engines seen before (the copy queues behind the
+        others on its engine, as ROCr's SDMA queues do). None when no engine was ever reported:
+        then, and when the chosen engine turns out exhausted, the copy runs as a shader copy."""
         engines = self.free_engines(dst_agent, src_agent)
-        if not engines:
-            return None
+        if engines:
+            self.seen.update(engines)
+        else:
+            engines = sorted(self.seen)
+            if not engines:
+                return None
         self._next += 1
         return engines[self._next % len(engines)]
 

@@ -287,7 +287,7 @@ class Runtime:
             for dep in live:
                 self.hub.depend(fut, dep)
             packets = barrier_and_packets([d.signal for d in live], fut.signal)
-            device._track(fut, queue, [], [], [])
+            device._track(fut, queue, [], [], [], live)
             queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut))
             return fut
 
