@@ -50,6 +50,21 @@ def check_after(runtime: Any, after: Any) -> list[GPUFuture]:
     return items
 
 
+def prepare_join(runtime: Any, futures: Iterable[Any]) -> tuple[Any, list, dict]:
+    """The common part of every backend's ``gather`` (call under the runtime lock, after the
+    capture check): (an already-settled future, or None; the futures still to wait for; their
+    dependency map)."""
+    runtime.check_open()
+    futures = list(futures)
+    deps = {f: True for f in futures}
+    err = ordering.failed_dependency(deps)
+    live = [f for f in futures if not f.retired]
+    if err is not None or not live:
+        from .futures import completed_future
+        return completed_future(runtime.hub, "gather", err), [], deps
+    return None, live, deps
+
+
 def check_launch(kernel: Any, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Validate a launch's kernel, grid and block (shared by every backend's devices)."""
     if not isinstance(kernel, Kernel):

@@ -15,14 +15,14 @@ import numpy as np
 
 from . import capture as _capture
 from . import ordering
-from .device import Device, check_after
+from .device import Device, check_after, prepare_join
 from .errors import GPUError, RuntimeClosedError
 from .hsa_bindings import loader
 from .hsa_bindings import types as T
 from .kernels import copy_kernel, fill_kernel
 from .memory import Buffer, HostLocks
 from .queues import PacketGroup, barrier_and_packets
-from .futures import GPUFuture, completed_future
+from .futures import GPUFuture
 from .signals import CompletionHub
 
 KERNARG_RING_BYTES = 256 << 10
@@ -274,12 +274,9 @@ class Runtime:
         if capture is not None:
             return capture.record_gather(futures)
         with self.lock:
-            self.check_open()
-            deps = {f: True for f in futures}
-            err = ordering.failed_dependency(deps)
-            live = [f for f in futures if not f.retired]
-            if err is not None or not live:
-                return completed_future(self.hub, "gather", err)
+            settled, live, _deps = prepare_join(self, futures)
+            if settled is not None:
+                return settled
             device = next((f.device for f in live if f.device is not None), self.devices[0])
             queue = device.queues[0]
             fut = self.hub.new_future(f"gather of {len(futures)}")

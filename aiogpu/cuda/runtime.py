@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import capture as _capture
 from .. import ordering
-from ..device import check_after
+from ..device import check_after, prepare_join
 from ..errors import GPUError, RuntimeClosedError
 from ..futures import PENDING, completed_future
 from ..kernels import copy_kernel, fill_kernel
@@ -421,12 +421,9 @@ class CudaRuntime:
         if capture is not None:
             return capture.record_gather(futures)
         with self.lock:
-            self.check_open()
-            deps = {f: True for f in futures}
-            err = ordering.failed_dependency(deps)
-            live = [f for f in futures if not f.retired]
-            if err is not None or not live:
-                return completed_future(self.hub, "gather", err)
+            settled, live, deps = prepare_join(self, futures)
+            if settled is not None:
+                return settled
             device = next((f.device for f in live if f.device is not None), self.devices[0])
             lanes = {id(f.lane): f.lane for f in live if getattr(f, "lane", None) is not None}
             lane = next(iter(lanes.values())) if len(lanes) == 1 else device.pick_lane(deps)
