@@ -265,6 +265,7 @@ async def test_gather_joins_on_the_device(any_rt):
     futs = [d.launch(sleep_ms, grid=(1,), block=(1,), args=(20,)) for d in devs for _ in range(4)]
     joined = aiogpu.gather(*futs)
     assert isinstance(joined, aiogpu.GPUFuture)
+    assert joined.queue is not None and joined.queue.startswith("gpu")  # waits on a device queue
     await joined
     assert all(f.done() for f in futs)
 

@@ -14,14 +14,6 @@ def timeline(rt):
     return list(rt.api.emulator.timeline)
 
 
-def record_of(rt, fut):
-    """The timeline record of the packet that completed ``fut``."""
-    for rec in timeline(rt):
-        if rec.completion_signal == fut.signal_at_submit:
-            return rec
-    raise AssertionError(f"no timeline record for {fut}")
-
-
 @pytest.mark.asyncio
 async def test_conflicting_launches_from_concurrent_tasks_are_ordered(rt):
     d0 = rt.devices[0]
@@ -73,7 +65,6 @@ async def test_dependent_work_waits_on_the_device_not_the_host(rt):
     assert second.queue is not None and third.queue is not None
     assert third.packet is not None, "the dependent launch was not published to its ring"
     await third
-    recs = {r.name: r for r in timeline(rt) if r.kind in ("dispatch", "copy")}
     copies = [r for r in timeline(rt) if r.kind == "copy"]
     incs = sorted((r for r in timeline(rt) if r.name == "slow_increment"), key=lambda r: r.start_ns)
     assert copies and incs[0].end_ns <= copies[0].start_ns <= copies[0].end_ns <= incs[1].start_ns

@@ -5,25 +5,15 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aiogpu
-from aiogpu.memory import BLOCK, BuddyAllocator, MIN_PIECE
+from aiogpu.cli.stress import add_buf, add_const
+from aiogpu.memory import BLOCK, MIN_PIECE, BuddyAllocator
 from gpu_kernels import sleep_ms
 
 FAST = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@aiogpu.kernel("i64*, i64")
-def add_const(launch, x, c):
-    x[:] += c
-
-
-@aiogpu.kernel("i64*, const i64*")
-def add_buf(launch, dst, src):
-    dst[:] += src[:]
 
 
 @FAST

@@ -16,7 +16,7 @@ from gpu_kernels import scale, sleep_ms
 async def test_trace_records_every_operation(rt, tmp_path):
     path = tmp_path / "trace.json"
     d0, d1 = rt.devices
-    with aiogpu.trace(str(path)) as tracer:
+    with aiogpu.trace(str(path)):
         a, b = d0.alloc(4096), d1.alloc(4096)
         up = aiogpu.copy(a, np.ones(1024, np.float32))
         k = d0.launch(scale, grid=(1024,), block=(256,), args=(a, 2.0, 1024))
