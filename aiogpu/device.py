@@ -12,7 +12,7 @@ from .futures import GPUFuture
 from .hsa_bindings import packets as P
 from .hsa_bindings.signature import pack
 from .kernels import Kernel, LoadedKernel, load_kernel
-from .memory import Buffer, DeviceMemory
+from .memory import Buffer, DeviceMemory, allocate
 from .queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
 
 MAX_GRID = 0xFFFFFFFF
@@ -146,19 +146,7 @@ class Device:
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
         """``nbytes`` of device memory (synchronous, cheap; contents undefined)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
-            raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
-        if nbytes <= 0:
-            raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
-        with self.runtime.lock:
-            self.runtime.check_open()
-            address, _ = self.memory.alloc(int(nbytes))
-        return Buffer(self, address, int(nbytes), self._release)
-
-    def _release(self, address: int) -> None:
-        with self.runtime.lock:
-            if not self.runtime.closed:
-                self.memory.free(address)
+        return allocate(self, nbytes)
 
     # -- kernels -------------------------------------------------------------------------------
     def loaded(self, kernel: Kernel) -> LoadedKernel:

@@ -174,10 +174,18 @@ class Buffer:
 
     def to_numpy(self, dtype: Any = np.uint8) -> Any:
         """A GPUFuture whose result is a new NumPy array holding a copy of the buffer."""
-        return self.device.runtime.to_numpy(self, np.dtype(dtype))
+        dtype = np.dtype(dtype)
+        if self.nbytes % dtype.itemsize:
+            raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
+        out = np.empty(self.nbytes // dtype.itemsize, dtype=dtype)
+        fut = self.device.runtime.copy(out, self)
+        fut.value = out
+        return fut
 
     def fill(self, value: int, *, after: Any = ()) -> Any:
         """Fill with a repeated 32-bit ``value`` (device-side; nbytes must be a multiple of 4)."""
+        if self.nbytes % 4:
+            raise ValueError(f"fill writes 32-bit words; {self!r} is not a multiple of 4 bytes")
         return self.device.runtime.fill(self, value, after=after)
 
     # -- interop (CUDA devices only): a one-dimensional uint8 array of ``nbytes`` ----------------
@@ -208,6 +216,25 @@ class Buffer:
 class NotOnCudaError(TypeError, AttributeError):
     """CUDA interop asked of a buffer of another backend (an AttributeError too, so that
     ``hasattr(buf, "__cuda_array_interface__")`` answers False there)."""
+
+
+def allocate(device: Any, nbytes: int) -> "Buffer":
+    """``nbytes`` of ``device.memory`` as a Buffer (the ``alloc`` of every backend's devices)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
+    if nbytes <= 0:
+        raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
+    rt = device.runtime
+    with rt.lock:
+        rt.check_open()
+        address, _ = device.memory.alloc(int(nbytes))
+
+    def release(address: int) -> None:
+        with rt.lock:
+            if not rt.closed:
+                device.memory.free(address)
+
+    return Buffer(device, address, int(nbytes), release)
 
 
 class HostLocks:

@@ -250,19 +250,8 @@ class Runtime:
         addr = side.__array_interface__["data"][0]
         return self.hazards.host(addr, side.nbytes), None, self._cpu, [side]
 
-    def to_numpy(self, buf: Buffer, dtype: np.dtype) -> GPUFuture:
-        """See ``Buffer.to_numpy``: a device-to-host copy into a new array (the future's result)."""
-        if buf.nbytes % dtype.itemsize:
-            raise ValueError(f"{buf!r} is not a whole number of {dtype} elements")
-        out = np.empty(buf.nbytes // dtype.itemsize, dtype=dtype)
-        fut = self.copy(out, buf)
-        fut.value = out
-        return fut
-
     def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture] = ()) -> GPUFuture:
         """See ``Buffer.fill``: the built-in fill kernel over the buffer's 32-bit words."""
-        if buf.nbytes % 4:
-            raise ValueError(f"fill writes 32-bit words; {buf!r} is not a multiple of 4 bytes")
         return buf.device.launch(fill_kernel, (max(buf.nbytes // 4, 1),), (256,),
                                  (buf, int(value) & 0xFFFFFFFF, buf.nbytes // 4), after=after)
 

@@ -22,7 +22,6 @@ import concurrent.futures
 import ctypes
 import json
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -30,7 +29,7 @@ import numpy as np
 
 import aiogpu
 
-from .bench import graph_costs, loader_throughput
+from .bench import graph_costs, loader_throughput, median_us, progress
 
 NOOP_CU = r"""
 extern "C" __global__ void bench_noop(unsigned int n) { }
@@ -53,14 +52,6 @@ def noop(launch, n):
 @aiogpu.kernel("u32", cuda=SPIN_CU, name="bench_spin_ms")
 def spin_ms(launch, ms):
     pass
-
-
-def progress(msg: str) -> None:
-    print(f"  .. {msg}", file=sys.stderr, flush=True)
-
-
-def med_us(samples: list[float]) -> float:
-    return statistics.median(samples) * 1e6
 
 
 def _uvloop_run(coro: Any) -> Any:
@@ -381,28 +372,28 @@ def measure(quick: bool) -> dict:
         dev.loaded(spin_ms)
         progress(f"round trips, {n} each")
         rt_floor_raw(raw, 50)
-        res["floor_sync_us"] = med_us(rt_floor_raw(raw, n))
-        res["floor_sync_aiogpu_launch_us"] = med_us(rt_floor_aiogpu(dev, n))
+        res["floor_sync_us"] = median_us(rt_floor_raw(raw, n))
+        res["floor_sync_aiogpu_launch_us"] = median_us(rt_floor_aiogpu(dev, n))
         asyncio.run(rt_aiogpu(dev, 50))
-        res["aiogpu_await_us_asyncio"] = med_us(asyncio.run(rt_aiogpu(dev, n)))
-        res["aiogpu_await_us_uvloop"] = med_us(_uvloop_run(rt_aiogpu(dev, n)))
-        res["executor_await_us"] = med_us(_uvloop_run(rt_executor(dev_ev, n, pool)))
-        res["hostfunc_await_us"] = med_us(_uvloop_run(rt_hostfunc(dev, n)))
-        res["poll_await_us"] = med_us(_uvloop_run(rt_poll(dev_ev, n)))
+        res["aiogpu_await_us_asyncio"] = median_us(asyncio.run(rt_aiogpu(dev, n)))
+        res["aiogpu_await_us_uvloop"] = median_us(_uvloop_run(rt_aiogpu(dev, n)))
+        res["executor_await_us"] = median_us(_uvloop_run(rt_executor(dev_ev, n, pool)))
+        res["hostfunc_await_us"] = median_us(_uvloop_run(rt_hostfunc(dev, n)))
+        res["poll_await_us"] = median_us(_uvloop_run(rt_poll(dev_ev, n)))
         _uvloop_run(rt_aiogpu(dev_ev, 50))
-        res["alt_event_waits_aiogpu_us"] = med_us(_uvloop_run(rt_aiogpu(dev_ev, n)))
+        res["alt_event_waits_aiogpu_us"] = median_us(_uvloop_run(rt_aiogpu(dev_ev, n)))
         progress("waiter alternatives")
-        res["alt_executor_blocking_sync_us"] = med_us(_uvloop_run(rt_executor_blocking(raw, n, pool)))
-        res["alt_memop_poll_us"] = med_us(_uvloop_run(rt_memop_poll(raw, n)))
+        res["alt_executor_blocking_sync_us"] = median_us(_uvloop_run(rt_executor_blocking(raw, n, pool)))
+        res["alt_memop_poll_us"] = median_us(_uvloop_run(rt_memop_poll(raw, n)))
         spin, rt.hub.spin_s = rt.hub.spin_s, 0.0
         try:
-            res["alt_no_spin_hostfunc_sem_waiter_us"] = med_us(_uvloop_run(rt_aiogpu(dev, n)))
+            res["alt_no_spin_hostfunc_sem_waiter_us"] = median_us(_uvloop_run(rt_aiogpu(dev, n)))
         finally:
             rt.hub.spin_s = spin
         rt_ev = aiogpu.Runtime("cuda", completion_words=False)   # spin on cuEventQuery instead
         try:
             _uvloop_run(rt_aiogpu(rt_ev.devices[0], 50))
-            res["alt_spin_event_query_us"] = med_us(_uvloop_run(rt_aiogpu(rt_ev.devices[0], n)))
+            res["alt_spin_event_query_us"] = median_us(_uvloop_run(rt_aiogpu(rt_ev.devices[0], n)))
         finally:
             rt_ev.close()
         res.update(call_costs(rt, raw))

@@ -6,12 +6,10 @@ import itertools
 import struct
 from typing import Any, Iterable, Sequence
 
-import numpy as np
-
 from .. import ordering
 from ..device import check_after, check_args, check_launch
 from ..kernels import Kernel
-from ..memory import BLOCK, SMALL_LIMIT, Buffer, BuddyAllocator, round_up
+from ..memory import BLOCK, SMALL_LIMIT, Buffer, BuddyAllocator, allocate, round_up
 from . import driver as D
 from . import nvrtc
 from .driver import cu
@@ -165,19 +163,7 @@ class CudaDevice:
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
         """``nbytes`` of device memory (synchronous, cheap; contents undefined)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
-            raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
-        if nbytes <= 0:
-            raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
-        with self.runtime.lock:
-            self.runtime.check_open()
-            address, _ = self.memory.alloc(int(nbytes))
-        return Buffer(self, address, int(nbytes), self._release)
-
-    def _release(self, address: int) -> None:
-        with self.runtime.lock:
-            if not self.runtime.closed:
-                self.memory.free(address)
+        return allocate(self, nbytes)
 
     # -- kernels -------------------------------------------------------------------------------
     def loaded(self, kernel: Kernel) -> LoadedCudaKernel:

@@ -1,7 +1,7 @@
 """The CUDA runtime: the NVIDIA GPUs of this process, their lanes, copies, joins and graphs.
 
 Same interface as the HSA ``aiogpu.runtime.Runtime`` (``backend``, ``reason``, ``devices``,
-``lock``, ``hub``, ``copy``, ``gather``, ``fill``, ``to_numpy``, ``stats``, ``close``).
+``lock``, ``hub``, ``copy``, ``gather``, ``fill``, ``stats``, ``close``).
 
 Submission (``submit``, under the runtime lock): the dependencies from buffer hazards and
 ``after=`` become device-side waits on the chosen lane, one per other lane (the newest
@@ -387,17 +387,8 @@ class CudaRuntime:
         addr, ptr = arr.__array_interface__["data"][0], block.ptr
         return ptr, [lambda: hostmem.memmove(addr, ptr, nbytes)], block
 
-    def to_numpy(self, buf: Buffer, dtype: np.dtype) -> Any:
-        if buf.nbytes % dtype.itemsize:
-            raise ValueError(f"{buf!r} is not a whole number of {dtype} elements")
-        out = np.empty(buf.nbytes // dtype.itemsize, dtype=dtype)
-        fut = self.copy(out, buf)
-        fut.value = out
-        return fut
-
     def fill(self, buf: Buffer, value: int, after: Iterable[Any] = ()) -> Any:
-        if buf.nbytes % 4:
-            raise ValueError(f"fill writes 32-bit words; {buf!r} is not a multiple of 4 bytes")
+        """See ``Buffer.fill``: ``cuMemsetD32Async`` (the fill kernel inside a capture)."""
         after = check_after(self, after)
         dev = buf.device
         if self.capturing() is not None:
