@@ -9,19 +9,22 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import GPUError, RuntimeClosedError, WatchdogTimeout
+from .errors import (BackendUnavailable, CudaError, GPUError, HsaError, InvalidStateError, NotOnCudaError,
+                     OutOfMemoryError, RuntimeClosedError, WatchdogTimeout)
 from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
 from .runtime import Runtime, runtime
-from .futures import GPUFuture, InvalidStateError
+from .futures import GPUFuture
 from .structured import TaskGroup
-from .graph import Graph, GraphExec
+from .graph import Graph, GraphExec, GraphNode
 from .dataloader import Batch, Loader
 from .trace import trace
 
-__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph", "GraphExec", "TaskGroup", "Loader", "Batch", "trace",
-           "copy", "gather", "GPUError", "RuntimeClosedError", "WatchdogTimeout", "InvalidStateError"]
+__all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
+           "GraphExec", "GraphNode", "TaskGroup", "Loader", "Batch", "trace", "copy", "gather",
+           "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "RuntimeClosedError",
+           "BackendUnavailable", "InvalidStateError", "NotOnCudaError", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -38,9 +41,11 @@ def _runtime_of(*sides: Any) -> Runtime:
 
 
 def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
-    """Copy ``src`` into ``dst`` (each a Buffer or a C-contiguous NumPy array of equal size).
+    """Copy ``src`` into ``dst`` (each a Buffer or a C-contiguous NumPy array of a numeric dtype,
+    of equal byte sizes; on CUDA also another library's CUDA array).
 
-    Returns a GPUFuture at once. A copy between GPUs runs on the source device's SDMA engine,
+    Returns a GPUFuture at once; bad input raises TypeError/ValueError before anything is
+    submitted. A copy between GPUs runs on the source device's SDMA engine,
     host-to-device on the destination's, device-to-host on the source's; with no free engine it
     runs as a shader copy on a compute queue. A host array must not be touched until the future
     completes (the future keeps it alive).
@@ -54,22 +59,19 @@ def gather(*futures: GPUFuture) -> GPUFuture:
     for f in futures:
         if not isinstance(f, GPUFuture):
             raise TypeError(f"gather takes GPUFutures, got {f!r}")
-    graph = next((f.graph for f in futures if hasattr(f, "graph")), None)
-    if graph is not None:          # inside a capture: a join node
-        return graph.record_gather(list(futures))
-    hubs = {id(f._hub): f for f in futures if f._hub is not None}
+    graph = next((f.graph for f in futures if isinstance(f, GraphNode)), None)
+    if graph is not None:          # graph nodes: a join node, inside their capture only
+        return graph.runtime.gather(futures)
+    hubs = {id(f._hub): f._hub for f in futures if f._hub is not None}
     if not hubs:
         from .futures import completed_future
         failed = next((f._exc for f in futures if f._exc is not None), None)
         return completed_future(None, "gather", failed)
-    rt = _runtime_for_hub(next(iter(hubs.values()))._hub)
-    return rt.gather(futures)
-
-
-def _runtime_for_hub(hub: Any) -> Runtime:
-    owner = getattr(hub, "owner", None)
+    if len(hubs) > 1:
+        raise ValueError("gather takes futures of one runtime")
+    owner = next(iter(hubs.values())).owner
     if owner is None:
-        raise ValueError("this future does not belong to a live runtime")
-    return owner
+        raise ValueError("these futures do not belong to a live runtime")
+    return owner.gather(futures)
 
 

@@ -1,63 +1,20 @@
-"""Command line: ``python -m aiogpu info | demo | bench | stress``."""
+"""Command line: ``aiogpu info | demo | bench | stress`` (also ``python -m aiogpu ...``)."""
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 
-
-def info(args: argparse.Namespace) -> int:
-    """The backend, why it was chosen, and each agent with its pools, queues and engines."""
-    from .runtime import Runtime
-    from .hsa_bindings import types as T
-
-    rt = Runtime(args.backend)
-    try:
-        print(f"backend: {rt.backend}")
-        print(f"reason:  {rt.reason}")
-        if rt.backend == "cuda":
-            for dev in rt.devices:
-                print(f"device {dev.name}: {dev.product} ({dev.isa})")
-                print(f"    streams: {', '.join(lane.name for lane in dev.lanes)}")
-                print(f"    stream memory operations: {'yes' if dev.memops else 'no (events)'}")
-            return 0
-        optional = "all present" if not rt.api.missing else "absent: " + ", ".join(rt.api.missing)
-        print(f"optional HSA calls: {optional}")
-        for agent in rt.all_agents():
-            print(_describe_agent(rt, agent, T))
-            for dev in rt.devices:
-                if dev.agent.handle == agent.handle:
-                    print(f"    queues: {', '.join(f'{q.name} (ring {q.size})' for q in dev.queues)}")
-                    engines = dev.engines.free_engines(agent, agent)
-                    print(f"    SDMA engines free: {len(engines)}"
-                          + ("" if rt.api.has_engine_copy else " (library lacks engine calls: shader copies)"))
-    finally:
-        rt.close()
-    return 0
-
-
-def _describe_agent(rt, agent, T) -> str:
-    api = rt.api
-    kind = ctypes.c_uint32()
-    api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_DEVICE, ctypes.byref(kind))
-    product = ctypes.create_string_buffer(64)
-    api.hsa_agent_get_info(agent, T.HSA_AMD_AGENT_INFO_PRODUCT_NAME, product)
-    kind_name = {T.HSA_DEVICE_TYPE_CPU: "CPU", T.HSA_DEVICE_TYPE_GPU: "GPU"}.get(kind.value, "DSP")
-    lines = [f"agent {rt.agent_name(agent)} [{kind_name}] {product.value.decode(errors='replace')}"]
-    for pool, flags in rt.pools(agent):
-        size = ctypes.c_size_t()
-        api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_SIZE, ctypes.byref(size))
-        kinds = [n for bit, n in ((1, "kernarg"), (2, "fine-grained"), (4, "coarse-grained")) if flags & bit]
-        lines.append(f"    pool {'/'.join(kinds)}: {size.value / 2**30:.1f} GiB")
-    return "\n".join(lines)
+from . import __version__
+from .errors import BackendUnavailable
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aiogpu", description=__doc__)
+    parser = argparse.ArgumentParser(prog="aiogpu", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"aiogpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="backend, agents, pools, queues, engines")
     p.add_argument("--backend", default=None)
-    p.set_defaults(run=info)
+    p.set_defaults(run=lambda a: _lazy("info", a))
     p = sub.add_parser("demo", help="a two-GPU pipeline, checked against NumPy")
     p.add_argument("--backend", default=None)
     p.add_argument("--batches", type=int, default=16)
@@ -75,12 +32,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(run=lambda a: _lazy("stress", a))
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except (BackendUnavailable, _BadBackend) as exc:     # a usage error: one line, exit 2
+        print(f"aiogpu {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+class _BadBackend(ValueError):
+    """Raised for an unknown backend name (see ``_lazy``)."""
 
 
 def _lazy(name: str, args: argparse.Namespace) -> int:
     import importlib
 
+    from .runtime import resolve_backend
+
+    if getattr(args, "backend", None) is not None:
+        try:
+            resolve_backend(args.backend)
+        except ValueError as exc:
+            raise _BadBackend(str(exc)) from None
     module = importlib.import_module(f"aiogpu.cli.{name}")
     return module.run(args)
 

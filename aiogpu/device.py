@@ -1,19 +1,38 @@
-"""A GPU agent as aiogpu sees it: memory, compute queues, copy engines, kernel launches."""
+"""The core's ``Device``: what every backend's GPU shares.
+
+The base owns the rules once: argument validation (grid, block, signature, scalars, buffers of
+this device), allocation through the 2 MiB sub-allocator, the kernel cache, the launch front
+(capture, the runtime lock, hazards and ``after=`` through ``Runtime.submit_guarded``) and the
+choice of compute lane. A backend subclasses it and implements the hooks below; nothing here
+knows HSA or CUDA.
+
+Hooks (each backend implements them; called under the runtime lock unless said otherwise):
+
+- ``_raw_alloc(size) -> address`` / ``_raw_free(address)``: device memory from the driver;
+  ``_raw_alloc`` raises ``OutOfMemoryError`` when there is none.
+- ``_load(kernel) -> loaded``: the kernel's code loaded on this device (cached by ``loaded``).
+- ``_submit_kernel(loaded, label, grid, block, values, lengths, deps, reads, writes, keep=(),
+  cleanup=()) -> GPUFuture``: one dispatch on a compute lane after ``deps`` (on the device).
+- ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
+  built-in fill kernel through ``_submit_kernel``).
+- ``_check_grid(grid, block)``: backend limits beyond the core's (default: none).
+- ``_destroy()``: release the device's driver objects (runtime close).
+"""
 from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from . import ordering
+from .errors import OutOfMemoryError
 from .futures import GPUFuture
-from .hsa_bindings import packets as P
-from .hsa_bindings.signature import pack
-from .kernels import Kernel, LoadedKernel, load_kernel
-from .memory import Buffer, DeviceMemory, allocate
-from .queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
+from .kernels import Kernel, fill_kernel
+from .memory import Buffer, DeviceMemory
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 MAX_GRID = 0xFFFFFFFF
 MAX_WORKGROUP = 1024
@@ -27,7 +46,7 @@ def check_dims(name: str, dims: Any, limit: int) -> tuple[int, ...]:
         raise ValueError(f"{name} must be 1 to 3 integers, got {dims!r}")
     out = []
     for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
             raise TypeError(f"{name} entries must be integers, got {d!r}")
         if not 1 <= d <= limit:
             raise ValueError(f"{name} entries must be between 1 and {limit}, got {d}")
@@ -35,38 +54,8 @@ def check_dims(name: str, dims: Any, limit: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def check_after(runtime: Any, after: Any) -> list[GPUFuture]:
-    if isinstance(after, GPUFuture):
-        after = [after]
-    try:
-        items = list(after)
-    except TypeError:
-        raise TypeError(f"after= takes GPUFutures, got {after!r}") from None
-    for f in items:
-        if not isinstance(f, GPUFuture):
-            raise TypeError(f"after= takes GPUFutures, got {f!r}")
-        if f._hub is not None and f._hub is not runtime.hub:
-            raise ValueError(f"{f!r} belongs to another runtime")
-    return items
-
-
-def prepare_join(runtime: Any, futures: Iterable[Any]) -> tuple[Any, list, dict]:
-    """The common part of every backend's ``gather`` (call under the runtime lock, after the
-    capture check): (an already-settled future, or None; the futures still to wait for; their
-    dependency map)."""
-    runtime.check_open()
-    futures = list(futures)
-    deps = {f: True for f in futures}
-    err = ordering.failed_dependency(deps)
-    live = [f for f in futures if not f.retired]
-    if err is not None or not live:
-        from .futures import completed_future
-        return completed_future(runtime.hub, "gather", err), [], deps
-    return None, live, deps
-
-
 def check_launch(kernel: Any, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Validate a launch's kernel, grid and block (shared by every backend's devices)."""
+    """Validate a launch's kernel, grid and block."""
     if not isinstance(kernel, Kernel):
         raise TypeError(f"launch takes an aiogpu kernel, got {kernel!r}")
     grid = check_dims("grid", grid, MAX_GRID)
@@ -78,9 +67,34 @@ def check_launch(kernel: Any, grid: Any, block: Any) -> tuple[tuple[int, ...], t
     return grid, block
 
 
-def check_args(device: Any, kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Buffer]]:
+_INT_RANGES: dict[str, tuple[int, int]] = {}
+
+
+def check_scalar(kernel: Kernel, i: int, spec: Any, value: Any) -> Any:
+    """A scalar argument as the Python number that will be packed; TypeError for non-numbers
+    (bools, complex numbers, strings), ValueError for values the type cannot hold."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a real number, got {value!r}")
+    bounds = _INT_RANGES.get(spec.type_name)
+    if bounds is None and spec.dtype.kind in "iu":
+        info = np.iinfo(spec.dtype)
+        bounds = _INT_RANGES[spec.type_name] = (int(info.min), int(info.max))
+    if bounds is not None:
+        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            raise TypeError(f"{kernel.name} argument {i} ({spec}) must be an integer, got {value!r}")
+        if not bounds[0] <= int(value) <= bounds[1]:
+            raise ValueError(f"{kernel.name} argument {i} ({spec}) out of range: {value}")
+        return int(value)
+    value = float(value)
+    if math.isfinite(value) and abs(value) > float(np.finfo(spec.dtype).max):
+        raise ValueError(f"{kernel.name} argument {i} ({spec}) out of range: {value} "
+                         f"(the largest {spec.type_name} is {np.finfo(spec.dtype).max})")
+    return value
+
+
+def check_args(device: "Device", kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Buffer]]:
     """Validate ``args`` against ``kernel``'s signature for a launch on ``device``: (argument
-    values, buffer lengths, {index: Buffer}). Shared by every backend's devices."""
+    values, buffer lengths, {index: Buffer})."""
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
     if len(args) != len(kernel.args):
@@ -94,8 +108,10 @@ def check_args(device: Any, kernel: Kernel, args: Sequence[Any]) -> tuple[list, 
                                 f"{type(value).__name__}")
             value.check_usable()
             if value.device is not device:
-                raise ValueError(f"{kernel.name} argument {i}: {value!r} is not on {device.name}; "
-                                 f"copy it with aiogpu.copy first")
+                where = ("a buffer of another runtime" if value.device.runtime is not device.runtime
+                         else f"on {value.device.name}")
+                raise ValueError(f"{kernel.name} argument {i}: {value!r} is {where}, not on "
+                                 f"{device.name}; copy it with aiogpu.copy first")
             values.append(value.address)
             lengths.append(value.nbytes)
             buffers[i] = value
@@ -104,56 +120,89 @@ def check_args(device: Any, kernel: Kernel, args: Sequence[Any]) -> tuple[list, 
     return values, lengths, buffers
 
 
-_INT_RANGES: dict[str, tuple[int, int]] = {}
-
-
-def check_scalar(kernel: Kernel, i: int, spec: Any, value: Any) -> Any:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.number)):
-        raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a number, got {value!r}")
-    bounds = _INT_RANGES.get(spec.type_name)
-    if bounds is None and spec.dtype.kind in "iu":
-        info = np.iinfo(spec.dtype)
-        bounds = _INT_RANGES[spec.type_name] = (int(info.min), int(info.max))
-    if bounds is not None:
-        if isinstance(value, (float, np.floating)) and not float(value).is_integer():
-            raise TypeError(f"{kernel.name} argument {i} ({spec}) must be an integer, got {value!r}")
-        if not bounds[0] <= int(value) <= bounds[1]:
-            raise ValueError(f"{kernel.name} argument {i} ({spec}) out of range: {value}")
-        return int(value)
-    return float(value)
-
-
 class Device:
-    """One GPU: ``alloc`` buffers, ``launch`` kernels. Copies go through ``aiogpu.copy``."""
+    """One GPU: ``alloc`` buffers, ``launch`` kernels. Copies go through ``aiogpu.copy``.
 
-    def __init__(self, runtime: Any, index: int, agent: Any, pool: Any, *, queues: int, ring: int,
-                 kernarg_pool: Any):
-        self.runtime, self.index, self.agent = runtime, index, agent
+    ``name`` is ``gpu<index>``, ``isa`` its architecture (``gfx90a``, ``sm_90``, ...). Work runs
+    on lanes (``lanes``): compute lanes for kernels, and copy engines.
+    """
+
+    def __init__(self, runtime: "Runtime", index: int, isa: str) -> None:
+        self.runtime = runtime
+        self.index = index
         self.name = f"gpu{index}"
-        api = runtime.api
-        self.isa = runtime.agent_name(agent)
-        self.memory = DeviceMemory(api, pool, runtime.gpu_agents)
-        self._kernels: dict[Kernel, LoadedKernel] = {}
-        self.queues = [AqlQueue(api, runtime.hub, agent, f"{self.name}.q{i}", size=ring,
-                                kernarg=KernargRing(*runtime.kernarg_block(agent)))
-                       for i in range(queues)]
-        self.engines = CopyEngines(api, agent, self.name)
-        self._rr = itertools.cycle(range(queues))
+        self.isa = isa
+        self.broken: Any = None        # a GPUError once the device is unusable (sticky errors)
+        self.memory = DeviceMemory(self._raw_alloc, self._raw_free)
+        self.compute: list[Any] = []   # compute lanes, set by the backend
+        self._rr: Any = None
+        self._kernels: dict[Kernel, Any] = {}
+
+    def _set_compute_lanes(self, lanes: list) -> None:
+        self.compute = list(lanes)
+        self._rr = itertools.cycle(range(len(self.compute)))
 
     def __repr__(self) -> str:
-        return f"<Device {self.name} {self.isa} ({self.runtime.backend})>"
+        return f"<{type(self).__name__} {self.name} {self.isa} ({self.runtime.backend})>"
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def _raw_alloc(self, size: int) -> int:
+        raise NotImplementedError
+
+    def _raw_free(self, address: int) -> None:
+        raise NotImplementedError
+
+    def _load(self, kernel: Kernel) -> Any:
+        raise NotImplementedError
+
+    def _submit_kernel(self, loaded: Any, label: str, grid: tuple, block: tuple, values: list,
+                       lengths: list, deps: dict, reads: list, writes: list, *,
+                       keep: Iterable = (), cleanup: Iterable = ()) -> GPUFuture:
+        raise NotImplementedError
+
+    def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> GPUFuture:
+        count = buf.nbytes // 4
+        return self._submit_kernel(self.loaded(fill_kernel), f"fill {buf.nbytes} B", (max(count, 1),), (256,),
+                                   [buf.address, word, count], [buf.nbytes], deps, [buf], [buf])
+
+    def _check_grid(self, grid: tuple, block: tuple) -> None:
+        """Backend limits on a validated grid and block (ValueError); none by default."""
+
+    def copy_grid(self, nbytes: int) -> tuple[int, ...]:
+        """The grid of a shader copy of ``nbytes`` (the built-in copy kernel)."""
+        return (max(nbytes, 1),)
+
+    def _destroy(self) -> None:
+        """Release this device's driver objects (the runtime is closing)."""
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
-        """``nbytes`` of device memory (synchronous, cheap; contents undefined)."""
-        return allocate(self, nbytes)
+        """``nbytes`` of device memory (synchronous, cheap; contents undefined).
+
+        Raises TypeError/ValueError for a bad size, OutOfMemoryError when the device has no room,
+        RuntimeClosedError after ``close()``."""
+        if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
+        if nbytes <= 0:
+            raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
+        rt = self.runtime
+        with rt.lock:
+            rt.check_open()
+            address, _ = self.memory.alloc(int(nbytes))
+        return Buffer(self, address, int(nbytes), _release_to(rt, self.memory))
+
+    def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
+        """The error a raw allocator raises when the device has no room for ``size`` bytes."""
+        have = "unknown" if free is None else f"{free} bytes"
+        return OutOfMemoryError(f"{self.name}: out of memory allocating {size} bytes ({have} free)",
+                                requested=size, free=free, status=status)
 
     # -- kernels -------------------------------------------------------------------------------
-    def loaded(self, kernel: Kernel) -> LoadedKernel:
-        """``kernel`` loaded on this device (its code object loaded and frozen once, then cached)."""
+    def loaded(self, kernel: Kernel) -> Any:
+        """``kernel`` loaded on this device (compiled and loaded once, then cached)."""
         got = self._kernels.get(kernel)
         if got is None:
-            got = self._kernels[kernel] = load_kernel(self.runtime.api, self.agent, kernel, self.isa)
+            got = self._kernels[kernel] = self._load(kernel)
         return got
 
     def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
@@ -162,108 +211,40 @@ class Device:
 
         Returns at once with a GPUFuture. Bad input raises ValueError/TypeError before anything
         is submitted. The launch waits on the device for ``after`` and for earlier operations
-        that conflict with the buffers it uses.
+        that conflict with the buffers it uses (its pointer arguments are read, and written
+        unless ``const``).
         """
         rt = self.runtime
         grid, block = check_launch(kernel, grid, block)
-        values, lengths, buffers = self._check_args(kernel, args)
-        after = check_after(rt, after)
+        self._check_grid(grid, block)
+        values, lengths, buffers = check_args(self, kernel, args)
+        after = rt.check_after(after)
         capture = rt.capturing()
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
+        reads = list(buffers.values())
+        writes = [buffers[i] for i in kernel.writes if i in buffers]
         with rt.lock:
             rt.check_open()
             loaded = self.loaded(kernel)
-            reads = [b for b in buffers.values()]
-            writes = [buffers[i] for i in kernel.writes if i in buffers]
-            return self.dispatch(loaded, kernel.name, grid, block, values, lengths, reads, writes, after)
+            return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
+                loaded, kernel.name, grid, block, values, lengths, deps, reads, writes))
 
-    def _check_args(self, kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Buffer]]:
-        return check_args(self, kernel, args)
-
-    _scalar = staticmethod(check_scalar)
-
-    # -- submission (under the runtime lock) ---------------------------------------------------
-    def dispatch(self, loaded: LoadedKernel, label: str, grid: tuple, block: tuple, values: list,
-                 lengths: list, reads: list, writes: list, after: list[GPUFuture], *,
-                 extra_reads: list = (), extra_writes: list = (), keep: list = ()) -> GPUFuture:
-        """Submit one kernel dispatch with its dependencies; returns its future."""
-        rt = self.runtime
-        states_r, states_w = list(reads) + list(extra_reads), list(writes) + list(extra_writes)
-        deps = ordering.dependencies(states_r, states_w, after)
-        err = ordering.failed_dependency(deps)
-        if err is not None:
-            return ordering.failed_without_running(rt.hub, label, err, states_w)
-        queue = self._pick_queue(deps)
-        fut = rt.hub.new_future(label)
-        fut.device, fut.kind = self, "dispatch"
-        packets, barrier = self._wait_packets(fut, queue, deps)
-        pkt = P.hsa_kernel_dispatch_packet_t()
-        dims = len(grid)
-        grid3, block3 = tuple(grid) + (1,) * (3 - dims), tuple(block) + (1,) * (3 - dims)
-        pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z = block3
-        pkt.grid_size_x, pkt.grid_size_y, pkt.grid_size_z = grid3
-        pkt.private_segment_size = loaded.private_segment_size
-        pkt.group_segment_size = loaded.group_segment_size
-        pkt.kernel_object = loaded.kernel_object
-        pkt.completion_signal.handle = fut.signal
-        kernarg = pack_args(loaded, values, lengths)
-        header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
-        packets.append((pkt, header | dims << 16))
-        self._track(fut, queue, states_r, states_w, keep, deps)
-        queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg))
-        return fut
-
-    def _pick_queue(self, deps: dict[GPUFuture, bool]) -> AqlQueue:
-        """The queue of the newest dependency on this device (a barrier bit then suffices),
-        else the next queue round-robin, so independent work spreads over the queues."""
-        names = {q.name: q for q in self.queues}
+    # -- lanes ---------------------------------------------------------------------------------
+    def pick_lane(self, deps: Iterable[GPUFuture]) -> Any:
+        """The compute lane of the newest live dependency on this device (lane order then
+        suffices for it), else the next compute lane round-robin, so independent work spreads."""
         for fut in reversed(list(deps)):
-            if not fut.retired and fut.queue in names:
-                return names[fut.queue]
-        return self.queues[next(self._rr)]
-
-    def _wait_packets(self, fut: GPUFuture, queue: AqlQueue, deps: dict[GPUFuture, bool]) -> tuple[list, bool]:
-        """Barrier-AND packets for dependencies on other queues/engines/devices, and whether the
-        first packet needs the barrier bit (a dependency earlier in the same queue)."""
-        hub, barrier, signals = self.runtime.hub, False, []
-        for dep, semantic in deps.items():
-            if dep.retired:
-                continue
-            if dep.queue == queue.name:
-                barrier = True
-                if semantic:
-                    dep._dependents.append(fut)
-            else:
-                hub.depend(fut, dep, semantic=semantic)
-                signals.append(dep.signal)
-        packets = barrier_and_packets(signals, barrier=barrier) if signals else []
-        return packets, barrier
-
-    def _track(self, fut: GPUFuture, queue: Any, reads: list, writes: list, keep: Iterable,
-               deps: Iterable[GPUFuture] = ()) -> None:
-        """Ordering state, buffer use counts and the clean-up run when ``fut`` retires."""
-        ordering.record(fut, reads, writes, deps)
-        used = {id(s): s for s in list(reads) + list(writes) if isinstance(s, Buffer)}
-        for buf in used.values():
-            buf.users += 1
-        fut.keep.extend(used.values())
-        fut.keep.extend(keep)
-        hazards = self.runtime.hazards
-        hosts = [s for s in list(reads) + list(writes) if isinstance(s, ordering.HostRange)]
-
-        def cleanup() -> None:
-            for buf in used.values():
-                buf.unuse()
-            for state in hosts:
-                hazards.prune_host(state)
-            if queue is not None:
-                queue.retired(fut)
-
-        fut._cleanup.append(cleanup)
+            lane = getattr(fut, "lane", None)
+            if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
+                    and getattr(lane, "kind", "") == "compute":
+                return lane
+        return self.compute[next(self._rr)]
 
 
-def pack_args(loaded: LoadedKernel, values: list, lengths: list) -> bytes:
-    """Kernarg bytes, padded to the segment size the code object asks for."""
-    data = pack(loaded.args, loaded.layout, values, lengths)
-    return data + bytes(max(0, loaded.kernarg_size - len(data)))
+def _release_to(rt: Any, memory: DeviceMemory) -> Any:
+    def release(address: int) -> None:
+        with rt.lock:
+            if not rt.closed:
+                memory.free(address)
+    return release

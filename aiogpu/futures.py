@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from . import _loops
 from . import trace as _trace
-from .errors import GPUError
+from .errors import GPUError, InvalidStateError
 
 log = logging.getLogger("aiogpu")
 
@@ -37,8 +37,8 @@ class GPUFuture:
     """
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
-                 "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet", "submitted_at", "keep",
-                 "__weakref__")
+                 "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
+                 "lane", "submitted_at", "keep", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub = hub
@@ -62,6 +62,7 @@ class GPUFuture:
         self.device: Any = None           # the device whose queue or engine runs it
         self.queue: str | None = None     # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
         self.packet: int | None = None    # packet index of the completion packet in that queue
+        self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
         self.submitted_at = time.monotonic()
         self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
 
@@ -86,9 +87,10 @@ class GPUFuture:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this (non-event-loop) thread until done or ``timeout`` seconds; returns done()."""
-        if self._state != PENDING:
+        if self.done():
             return True
         hub = self._hub
+        hub.arm(self)
         with hub.lock:
             if self._state != PENDING:
                 return True
@@ -104,6 +106,7 @@ class GPUFuture:
         if self._hub is None or self._state != PENDING:
             self._run_callback(port, fn)
             return
+        self._hub.arm(self)
         with self._hub.lock:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
@@ -124,10 +127,12 @@ class GPUFuture:
                                    "use .wait() in synchronous code")
             hub = self._hub
             if hub.spin_s > 0 and isinstance(port, _loops.AsyncioPort):
-                yield from hub.spin(self)
+                yield from hub.spin_await(self)
             if self._state == PENDING:
+                hub.arm(self)
                 yield from port.wait(lambda a: self._register(port, a),
                                      lambda a: self._unregister(port, a))
+                hub.parked_done(self)
         return self.result()
 
     def _register(self, port: Any, awaiter: Any) -> None:
@@ -147,10 +152,6 @@ class GPUFuture:
         state = ("pending", "done", "failed")[self._state]
         where = f" on {self.queue}" if self.queue else ""
         return f"<GPUFuture {self.label or '?'}{where} {state}>"
-
-
-class InvalidStateError(RuntimeError):
-    """result()/exception() of a future that is still pending."""
 
 
 class _CallbackAwaiter:
@@ -226,6 +227,23 @@ class FutureHub:
     def device_times(self, fut: GPUFuture) -> tuple[int, int] | None:
         """(start, end) of ``fut``'s work on the device in host monotonic ns, if known."""
         return None
+
+    def poll(self) -> None:
+        """Observe completions now, on the calling thread (where the backend can; else no-op)."""
+
+    def arm(self, fut: GPUFuture) -> None:
+        """``fut`` is about to be waited for off the loop: make sure a wake-up follows it."""
+
+    def spin_await(self, fut: GPUFuture):
+        """What an asyncio ``await`` does before parking (a generator; default: ``spin``)."""
+        yield from self.spin(fut)
+
+    def parked_done(self, fut: GPUFuture) -> None:
+        """A parked await of ``fut`` was woken (backends learn from it)."""
+
+    def close(self) -> None:
+        """Stop the waiter and release the completion objects (runtime close)."""
+        self.stop()
 
     # -- used by the layers above --------------------------------------------------------------
     def watch(self, fut: GPUFuture) -> GPUFuture:

@@ -9,26 +9,10 @@ CUDA C source or cubin bytes.
 """
 from __future__ import annotations
 
-import ctypes
-from dataclasses import dataclass
+import inspect
 from typing import Any, Callable
 
-from .hsa_bindings import emulated_code
-from .hsa_bindings import types as T
-from .hsa_bindings.signature import Arg, KernargLayout, parse_signature
-
-
-@dataclass(frozen=True)
-class LoadedKernel:
-    """A kernel resolved on one agent: what a dispatch packet needs."""
-
-    kernel_object: int
-    kernarg_size: int
-    group_segment_size: int
-    private_segment_size: int
-    layout: KernargLayout
-    executable: int
-    args: tuple = ()
+from .signature import Arg, parse_signature
 
 
 class Kernel:
@@ -42,11 +26,13 @@ class Kernel:
         self.name = name or body.__name__
         self.signature = signature
         self.args: tuple[Arg, ...] = parse_signature(signature)
+        _check_arity(body, self.name, len(self.args))
         self.hsaco = hsaco
         self.cuda = cuda
         self.opencl = opencl
-        self._token: int | None = None
-        self._compiled: dict[str, bytes] = {}    # ISA -> code object built from ``opencl``
+        # Per-backend artifacts (compiled code objects, emulator tokens), keyed by the backend's
+        # own keys: kept on the kernel so that they live as long as it does.
+        self.artifacts: dict[Any, Any] = {}
         self.__doc__ = body.__doc__
 
     @property
@@ -58,28 +44,29 @@ class Kernel:
     def reads(self) -> list[int]:
         return [i for i, a in enumerate(self.args) if a.pointer]
 
-    def code_object(self, backend: str, isa: str) -> bytes:
-        """The code object to load for ``backend`` on an agent of ``isa``."""
-        if backend == "emulator":
-            if self._token is None:
-                self._token = emulated_code.register(self.body)
-            return emulated_code.code_object([(self.name, self.signature, self._token)])
-        if self.hsaco is not None:
-            return self.hsaco
-        if self.opencl is not None:
-            if isa not in self._compiled:
-                from .hsa_bindings import comgr
-                self._compiled[isa] = comgr.compile_opencl(self.opencl, isa)
-            return self._compiled[isa]
-        raise ValueError(f"kernel {self.name!r} has no AMD code object (hsaco=) or OpenCL C source "
-                         f"(opencl=) for {isa}")
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
         return self.body(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name}({self.signature})>"
+
+
+def _check_arity(body: Callable, name: str, count: int) -> None:
+    """The reference body takes the launch plus one parameter per signature argument; a
+    mismatch raises TypeError at declaration rather than at the first emulated dispatch."""
+    try:
+        params = inspect.signature(body).parameters.values()
+    except (TypeError, ValueError):      # builtins and the like: nothing to check
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    if not len(required) <= count + 1 <= len(positional):
+        raise TypeError(f"kernel {name!r}: the signature has {count} arguments, so the body must take "
+                        f"{count + 1} parameters (the launch, then one per argument); it takes "
+                        f"{len(positional)}")
 
 
 def kernel(signature: str, *, hsaco: bytes | None = None, cuda: str | bytes | None = None,
@@ -91,43 +78,6 @@ def kernel(signature: str, *, hsaco: bytes | None = None, cuda: str | bytes | No
         return Kernel(body, signature, hsaco=hsaco, cuda=cuda, opencl=opencl, name=name)
 
     return wrap
-
-
-def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
-    """Load ``kernel``'s code object for ``agent`` through the executable calls."""
-    code = kernel.code_object(api.backend, isa)
-    buf = ctypes.create_string_buffer(code, len(code))
-    reader = T.hsa_code_object_reader_t()
-    api.check(api.hsa_code_object_reader_create_from_memory(buf, len(code), ctypes.byref(reader)),
-              f"loading the code object of {kernel.name}")
-    exe = T.hsa_executable_t()
-    try:
-        api.check(api.hsa_executable_create_alt(T.HSA_PROFILE_FULL, T.HSA_DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT,
-                                                None, ctypes.byref(exe)), "hsa_executable_create_alt")
-        api.check(api.hsa_executable_load_agent_code_object(exe, agent, reader, None, None),
-                  f"hsa_executable_load_agent_code_object({kernel.name})")
-        api.check(api.hsa_executable_freeze(exe, None), "hsa_executable_freeze")
-    finally:
-        api.hsa_code_object_reader_destroy(reader)
-    sym = T.hsa_executable_symbol_t()
-    api.check(api.hsa_executable_get_symbol_by_name(exe, (kernel.name + ".kd").encode(), ctypes.byref(agent),
-                                                    ctypes.byref(sym)), f"kernel symbol {kernel.name}.kd")
-
-    def info(attr: int, ctype: Any) -> int:
-        value = ctype()
-        api.check(api.hsa_executable_symbol_get_info(sym, attr, ctypes.byref(value)), "symbol info")
-        return value.value
-
-    hidden = api.backend == "emulator"
-    return LoadedKernel(
-        kernel_object=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT, ctypes.c_uint64),
-        kernarg_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, ctypes.c_uint32),
-        group_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, ctypes.c_uint32),
-        private_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, ctypes.c_uint32),
-        layout=KernargLayout.of(kernel.args, hidden_lengths=hidden),
-        executable=exe.handle,
-        args=kernel.args,
-    )
 
 
 # -- built-in kernels ---------------------------------------------------------------------------

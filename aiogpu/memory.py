@@ -8,14 +8,12 @@ pending GPU work uses it.
 """
 from __future__ import annotations
 
-import ctypes
 import weakref
 from typing import Any, Callable
 
 import numpy as np
 
-from .errors import RuntimeClosedError
-from .hsa_bindings import types as T
+from .errors import NotOnCudaError, RuntimeClosedError
 
 BLOCK = 2 << 20          # 2 MiB: huge-page size, the unit of every allocation from the driver
 MIN_PIECE = 256
@@ -82,13 +80,19 @@ class BuddyAllocator:
 
 
 class DeviceMemory:
-    """One device's memory: an HSA pool, the buddy allocator for small buffers, large blocks."""
+    """One device's memory over a backend's raw allocator: the buddy allocator for small buffers,
+    2 MiB-aligned blocks of their own for large ones.
 
-    def __init__(self, api: Any, pool: Any, agents_for_access: Callable[[], list]):
-        self._api, self._pool = api, pool
-        self._agents_for_access = agents_for_access
-        self._bases: dict[int, int] = {}  # aligned address -> address the pool returned
-        self.small = BuddyAllocator(lambda: self._pool_alloc(BLOCK), self._pool_free)
+    ``raw_alloc(size)`` returns the address of ``size`` fresh bytes (raising OutOfMemoryError when
+    there are none), ``raw_free(address)`` gives such an address back. Not thread-safe: the
+    runtime lock guards it.
+    """
+
+    def __init__(self, raw_alloc: Callable[[int], int], raw_free: Callable[[int], None]):
+        self._raw_alloc, self._raw_free = raw_alloc, raw_free
+        self._bases: dict[int, int] = {}  # aligned address -> address the raw allocator returned
+        self._blocks: set[int] = set()    # every aligned block handed out (freed at destroy)
+        self.small = BuddyAllocator(lambda: self._aligned(BLOCK), self._release)
         self.large: dict[int, int] = {}   # address -> size
 
     def alloc(self, nbytes: int) -> tuple[int, int]:
@@ -97,40 +101,56 @@ class DeviceMemory:
             addr = self.small.alloc(nbytes)
             return addr, 1 << self.small.order_for(nbytes)
         size = round_up(nbytes, BLOCK)
-        addr = self._pool_alloc(size)
+        addr = self._aligned(size)
         self.large[addr] = size
         return addr, size
 
     def free(self, addr: int) -> None:
         if addr in self.large:
             del self.large[addr]
-            self._pool_free(addr)
+            self._release(addr)
         else:
             self.small.free(addr)
 
-    def _pool_alloc(self, size: int) -> int:
-        """``size`` bytes at a 2 MiB-aligned address, visible to every GPU agent (peer access)."""
+    def _aligned(self, size: int) -> int:
+        """``size`` bytes at a 2 MiB-aligned address (huge pages: fewer TLB misses)."""
         ptr = self._raw_alloc(size)
         if ptr % BLOCK:
-            self._api.hsa_amd_memory_pool_free(ptr)
+            self._raw_free(ptr)
             base = self._raw_alloc(size + BLOCK)
             ptr = round_up(base, BLOCK)
             self._bases[ptr] = base
-        agents = self._agents_for_access()
-        if agents:
-            arr = (T.hsa_agent_t * len(agents))(*agents)
-            self._api.check(self._api.hsa_amd_agents_allow_access(len(agents), arr, None, ptr),
-                            "hsa_amd_agents_allow_access")
+        self._blocks.add(ptr)
         return ptr
 
-    def _raw_alloc(self, size: int) -> int:
-        out = ctypes.c_void_p()
-        self._api.check(self._api.hsa_amd_memory_pool_allocate(self._pool, size, 0, ctypes.byref(out)),
-                        f"hsa_amd_memory_pool_allocate({size})")
-        return out.value
+    def _release(self, addr: int) -> None:
+        self._blocks.discard(addr)
+        self._raw_free(self._bases.pop(addr, addr))
 
-    def _pool_free(self, addr: int) -> None:
-        self._api.hsa_amd_memory_pool_free(self._bases.pop(addr, addr))
+    def destroy(self) -> None:
+        """Give every block back (the runtime is closing; no buffer is usable any more)."""
+        for addr in list(self._blocks):
+            self._release(addr)
+        self.large.clear()
+
+    @property
+    def allocations(self) -> int:
+        """Live allocations, small and large (a leak counter)."""
+        return self.small.used + len(self.large)
+
+
+def host_dtype(dtype: Any, what: str) -> np.dtype:
+    """``dtype`` as a NumPy dtype whose bytes may be written by a device: numeric (bool,
+    integer, float, complex) with a non-zero item size. Object, string, void and structured
+    dtypes raise TypeError (raw bytes written into PyObject pointers would crash the process)."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"{what}: {dtype!r} is not a NumPy dtype ({exc})") from None
+    if dtype.kind not in "biufc" or dtype.itemsize == 0 or dtype.fields is not None:
+        raise TypeError(f"{what}: dtype {dtype} is not numeric; GPU memory holds bool, integer, "
+                        f"float or complex data")
+    return dtype
 
 
 class Buffer:
@@ -174,7 +194,7 @@ class Buffer:
 
     def to_numpy(self, dtype: Any = np.uint8) -> Any:
         """A GPUFuture whose result is a new NumPy array holding a copy of the buffer."""
-        dtype = np.dtype(dtype)
+        dtype = host_dtype(dtype, "to_numpy")
         if self.nbytes % dtype.itemsize:
             raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
         out = np.empty(self.nbytes // dtype.itemsize, dtype=dtype)
@@ -211,64 +231,3 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"<Buffer {self.nbytes} B on {self.device.name} at 0x{self.address:x}>"
-
-
-class NotOnCudaError(TypeError, AttributeError):
-    """CUDA interop asked of a buffer of another backend (an AttributeError too, so that
-    ``hasattr(buf, "__cuda_array_interface__")`` answers False there)."""
-
-
-def allocate(device: Any, nbytes: int) -> "Buffer":
-    """``nbytes`` of ``device.memory`` as a Buffer (the ``alloc`` of every backend's devices)."""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
-        raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
-    if nbytes <= 0:
-        raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
-    rt = device.runtime
-    with rt.lock:
-        rt.check_open()
-        address, _ = device.memory.alloc(int(nbytes))
-
-    def release(address: int) -> None:
-        with rt.lock:
-            if not rt.closed:
-                device.memory.free(address)
-
-    return Buffer(device, address, int(nbytes), release)
-
-
-class HostLocks:
-    """Host arrays locked for the agents while GPU work uses them (pageable memory, not GTT).
-
-    Locks are counted per (address, size), so overlapping operations on one array share a lock;
-    the range is unlocked when the last of them retires.
-    """
-
-    def __init__(self, api: Any, agents: Callable[[], list]):
-        self._api, self._agents = api, agents
-        self._locks: dict[tuple[int, int], list[int]] = {}  # (addr, size) -> [count, agent_ptr]
-
-    def lock(self, addr: int, size: int) -> int:
-        key = (addr, size)
-        entry = self._locks.get(key)
-        if entry is None:
-            agents = self._agents()
-            arr = (T.hsa_agent_t * len(agents))(*agents)
-            out = ctypes.c_void_p()
-            self._api.check(self._api.hsa_amd_memory_lock(addr, size, arr, len(agents), ctypes.byref(out)),
-                            "hsa_amd_memory_lock")
-            entry = self._locks[key] = [0, out.value]
-        entry[0] += 1
-        return entry[1]
-
-    def unlock(self, addr: int, size: int) -> None:
-        key = (addr, size)
-        entry = self._locks[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self._locks[key]
-            self._api.hsa_amd_memory_unlock(addr)
-
-    @property
-    def count(self) -> int:
-        return len(self._locks)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from .errors import GPUError
-from .signals import GPUFuture
+from .futures import GPUFuture
 
 
 class HostRange:

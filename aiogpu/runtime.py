@@ -1,166 +1,192 @@
-"""The runtime: one HSA library (real or emulated), its GPUs, the waiter, copies and joins.
+"""The core's ``Runtime``: backend choice, options, and every rule the backends share.
 
-``aiogpu.devices()`` and ``aiogpu.runtime()`` use a process-wide default runtime; tests and
-applications that want isolation create ``Runtime(...)`` objects of their own.
+``aiogpu.Runtime(backend=None, **options)`` picks a backend (the argument, else
+``AIOGPU_BACKEND``, else a real AMD GPU if ROCr answers with one, else an NVIDIA GPU, else the
+emulator) and returns an instance of that backend's registered subclass: ``HsaRuntime``
+(``hsa`` and ``emulator``) or ``CudaRuntime`` (``cuda``). Backends are imported lazily, when
+chosen; importing aiogpu loads no driver and starts no process.
+
+The base owns: option validation (unknown options raise TypeError on every backend), the one
+lock, buffer hazards and ``after=`` dependencies (``submit_guarded``: failed inputs fail the work
+before it is submitted), bookkeeping after submission (``track``), the fronts of ``copy`` (its
+validation, the direction rule: host-to-device on the destination's engine, device-to-host and
+peer copies on the SOURCE device's, and the shader-copy fallback decision), ``fill`` and
+``gather``, stats and the leak check, and ``close``.
+
+Hooks a backend implements (called under the lock unless said otherwise):
+
+- ``probe() -> (ok, why)`` (class method, never raises): can this backend run here?
+- ``_host_pointers(op)``: device-visible pointers for the host sides of a copy (lock or pin).
+- ``_submit_copy(op, deps) -> GPUFuture | None``: the copy on a copy engine; None when no engine
+  can take it (the core then runs the built-in copy kernel through ``Device._submit_kernel``).
+- ``_submit_join(device, live, deps) -> GPUFuture``: one future after every live future.
+- ``_instantiate(graph) -> GraphExec``: a captured graph's executable.
+- ``_backend_stats() -> dict``: the backend's leak counters and figures.
+- ``describe() -> str``: what ``python -m aiogpu info`` prints.
+- ``_release()``: free every driver resource (after the waiter stopped).
 """
 from __future__ import annotations
 
-import ctypes
+import gc
+import importlib
 import os
 import threading
 import time
-from typing import Any, Iterable
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 
 from . import capture as _capture
 from . import ordering
-from .device import Device, check_after, prepare_join
-from .errors import GPUError, RuntimeClosedError
-from .hsa_bindings import loader
-from .hsa_bindings import types as T
-from .kernels import copy_kernel, fill_kernel
-from .memory import Buffer, HostLocks
-from .queues import PacketGroup, barrier_and_packets
-from .futures import GPUFuture
-from .signals import CompletionHub
+from .device import Device
+from .errors import BackendUnavailable, GPUError, RuntimeClosedError
+from .futures import FutureHub, GPUFuture, completed_future
+from .kernels import copy_kernel
+from .memory import Buffer, host_dtype
 
-KERNARG_RING_BYTES = 256 << 10
-
-
-BACKENDS = ("hsa", "emulator", "cuda")
+# Backend name -> "module:class", imported when chosen.
+REGISTRY: dict[str, str] = {
+    "hsa": "aiogpu.hsa.runtime:HsaRuntime",
+    "emulator": "aiogpu.hsa.runtime:HsaRuntime",
+    "cuda": "aiogpu.cuda.runtime:CudaRuntime",
+}
+BACKENDS = tuple(REGISTRY)
+# What makes a backend with optional dependencies available (BackendUnavailable's message; the
+# HSA loader names its own fix).
+FIXES: dict[str, str] = {
+    "cuda": "pip install 'aiogpu[cuda]' on a machine with an NVIDIA GPU and its driver",
+}
+# Counters that return to zero when nothing is pending: what a leak check looks at.
+LEAK_KEYS = ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks")
 
 
 def resolve_backend(backend: str | None) -> str | None:
     """The backend asked for (argument, else AIOGPU_BACKEND), or None for auto."""
-    backend = backend or os.environ.get("AIOGPU_BACKEND") or None
+    source = "backend argument"
+    if not backend:
+        backend, source = os.environ.get("AIOGPU_BACKEND") or None, "AIOGPU_BACKEND"
     if backend not in (None, "auto", *BACKENDS):
-        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        raise ValueError(f"unknown backend {backend!r} ({source}); expected one of {', '.join(BACKENDS)} or auto")
     return None if backend == "auto" else backend
 
 
-def cuda_available() -> tuple[bool, str]:
-    """Whether the CUDA backend can run here, and why not."""
+def backend_class(name: str) -> type["Runtime"]:
+    """The Runtime subclass registered for backend ``name`` (imported now). BackendUnavailable
+    when its module cannot be imported here (a missing optional dependency)."""
+    module, cls = REGISTRY[name].split(":")
     try:
-        from .cuda import probe
+        return getattr(importlib.import_module(module), cls)
     except ImportError as exc:
-        return False, f"aiogpu.cuda unavailable ({exc})"
-    return probe()
+        raise BackendUnavailable(name, f"its module does not import ({exc})", FIXES.get(name, "")) from exc
+
+
+def choose_backend(requested: str | None) -> tuple[str, str]:
+    """(backend, why it was chosen) for ``requested`` (None: auto)."""
+    if requested is not None:
+        return requested, f"{requested} requested"
+    ok, why_hsa = backend_class("hsa").probe()
+    if ok:
+        return "hsa", f"auto: {why_hsa}"
+    ok, why_cuda = cuda_available()
+    if ok:
+        return "cuda", f"auto: no usable AMD GPU ({why_hsa}); {why_cuda}"
+    return "emulator", f"auto: no usable GPU (HSA: {why_hsa}; CUDA: {why_cuda}); using the emulator"
+
+
+def cuda_available() -> tuple[bool, str]:
+    """Whether the CUDA backend can run here, and why not (never raises)."""
+    try:
+        return backend_class("cuda").probe()
+    except BackendUnavailable as exc:
+        return False, exc.reason
+
+
+@dataclass
+class CopySide:
+    """One side of a copy: a device buffer, a host array, or a foreign device array."""
+
+    obj: Any
+    host: bool                 # host memory (a NumPy array)
+    device: Any                # the Device whose memory it is (None for host memory)
+    state: Any                 # its ordering state (Buffer, or a HostRange)
+    ptr: int | None            # device-visible address (host sides: set by _host_pointers)
+    stream: Any = None         # a foreign array's stream to order after, if any
+
+
+@dataclass
+class CopyOp:
+    """A copy being submitted: its sides, route, and what runs when it retires."""
+
+    dst: CopySide
+    src: CopySide
+    nbytes: int
+    direction: str             # "h2d", "d2h", "d2d" or "peer"
+    device: Device             # the device whose engine (or compute lane) runs it
+    label: str
+    keep: list = field(default_factory=list)
+    cleanup: list = field(default_factory=list)       # run when the copy has retired
+    on_complete: list | None = None                   # host steps before it completes
+    staging: Any = None                               # a bounce buffer the backend used
 
 
 class Runtime:
     """A GPU runtime over one backend. ``close()`` waits for submitted work, then frees all.
 
-    ``Runtime("cuda")`` (or auto-selection finding an NVIDIA GPU) returns the CUDA runtime, which
-    has the same interface; otherwise this HSA runtime, on ROCr or the emulator.
+    ``Runtime(backend=None, **options)`` returns an instance of the chosen backend's subclass.
+    Options every backend takes: ``watchdog_s`` (fail work whose completion does not arrive in
+    that many seconds once it could run; None: never), ``copy_engines`` (False: every copy is a
+    shader copy), ``queues_per_device`` (compute queues/streams per device), ``spin_s`` (how long
+    an await polls on the loop before parking). Backends add their own (``OPTIONS``); an unknown
+    option raises TypeError, and so does a backend-specific one given to another backend.
+    Raises BackendUnavailable when the backend asked for cannot run here.
     """
 
+    backend: str = ""
+    OPTIONS: ClassVar[frozenset[str]] = frozenset({"watchdog_s", "copy_engines", "queues_per_device", "spin_s"})
+
     def __new__(cls, backend: str | None = None, **options: Any) -> Any:
+        requested = resolve_backend(backend)
         if cls is Runtime:
-            chosen = resolve_backend(backend)
-            if chosen == "cuda" or (chosen is None and _auto_prefers_cuda()):
-                from .cuda.runtime import CudaRuntime
-                return CudaRuntime(**{k: v for k, v in options.items() if k in CudaRuntime.OPTIONS})
-        return super().__new__(cls)
+            name, reason = choose_backend(requested)
+            cls = backend_class(name)
+        else:
+            name, reason = cls._default_choice(requested)
+        cls.check_options(name, options)
+        self = object.__new__(cls)
+        self._chosen = (name, reason)
+        return self
 
-    def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
-                 watchdog_s: float | None = None, **emulator_options: Any):
-        self.api = loader.load(resolve_backend(backend), **emulator_options)
-        self.backend = self.api.backend
-        self.reason = self.api.reason
+    @classmethod
+    def _default_choice(cls, requested: str | None) -> tuple[str, str]:
+        """(backend, reason) when this subclass is constructed directly."""
+        return requested or cls.backend, f"{requested or cls.backend} requested"
+
+    @classmethod
+    def check_options(cls, backend: str, options: dict) -> None:
+        """TypeError naming every option ``backend`` does not take."""
+        unknown = sorted(set(options) - cls.OPTIONS)
+        if unknown:
+            raise TypeError(f"the {backend} backend takes no option(s) {', '.join(map(repr, unknown))}; "
+                            f"its options are {', '.join(sorted(cls.OPTIONS))}")
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        """(True, what was found) when this backend can run here, else (False, why not)."""
+        raise NotImplementedError
+
+    def _init_core(self, hub: FutureHub, *, copy_engines: bool) -> None:
+        """State every backend has; call first in the subclass's ``__init__``."""
+        self.backend, self.reason = self._chosen
         self.closed = False
-        self.hub = CompletionHub(self.api, watchdog_s=watchdog_s)
-        self.hub.owner = self
-        self.lock = self.hub.lock
+        self.copy_engines = bool(copy_engines)
+        self.hub = hub
+        hub.owner = self
+        self.lock = hub.lock
         self.hazards = ordering.Hazards()
-        self._cpu, self._gpus = self._discover_agents()
-        self._kernarg_pool, self._system_pool = self._host_pools()
-        self._kernarg_blocks: list[int] = []
-        self.host = HostLocks(self.api, self.all_agents)
-        self._event_cb = T.system_event_callback_t(self._on_system_event)
-        self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
-        self.devices = [Device(self, i, agent, pool, queues=queues_per_device, ring=ring_size,
-                               kernarg_pool=self._kernarg_pool)
-                        for i, (agent, pool) in enumerate(self._gpus)]
-        self.memory_faults: list[dict] = []
-        self.hub.on_timeout = self._on_timeout
-
-    # -- discovery -----------------------------------------------------------------------------
-    def _discover_agents(self) -> tuple[Any, list]:
-        api, agents = self.api, []
-
-        @T.agent_iterate_callback_t
-        def visit(agent, _data):
-            agents.append(T.hsa_agent_t(agent.handle))
-            return T.HSA_STATUS_SUCCESS
-
-        api.check(api.hsa_iterate_agents(visit, None), "hsa_iterate_agents")
-        cpu, gpus = None, []
-        for agent in agents:
-            kind = ctypes.c_uint32()
-            api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_DEVICE, ctypes.byref(kind))
-            if kind.value == T.HSA_DEVICE_TYPE_CPU and cpu is None:
-                cpu = agent
-            elif kind.value == T.HSA_DEVICE_TYPE_GPU:
-                pool = self._find_pool(agent, lambda flags: flags & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED)
-                gpus.append((agent, pool))
-        if cpu is None:
-            raise RuntimeError("the HSA runtime reports no CPU agent")
-        return cpu, gpus
-
-    def pools(self, agent: Any) -> list[tuple[Any, int]]:
-        """(pool, global flags) of every allocatable global pool of ``agent``."""
-        api, out = self.api, []
-
-        @T.pool_iterate_callback_t
-        def visit(pool, _data):
-            seg, flags, ok = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_bool()
-            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_SEGMENT, ctypes.byref(seg))
-            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_GLOBAL_FLAGS, ctypes.byref(flags))
-            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_RUNTIME_ALLOC_ALLOWED, ctypes.byref(ok))
-            if seg.value == T.HSA_AMD_SEGMENT_GLOBAL and ok.value:
-                out.append((T.hsa_amd_memory_pool_t(pool.handle), flags.value))
-            return T.HSA_STATUS_SUCCESS
-
-        api.check(api.hsa_amd_agent_iterate_memory_pools(agent, visit, None), "iterate memory pools")
-        return out
-
-    def _find_pool(self, agent: Any, want: Any) -> Any:
-        for pool, flags in self.pools(agent):
-            if want(flags):
-                return pool
-        raise RuntimeError(f"no suitable memory pool on agent {self.agent_name(agent)}")
-
-    def _host_pools(self) -> tuple[Any, Any]:
-        kernarg = self._find_pool(self._cpu, lambda f: f & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT)
-        system = self._find_pool(self._cpu, lambda f: f & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED)
-        return kernarg, system
-
-    def agent_name(self, agent: Any) -> str:
-        """The HSA agent's name (its ISA for GPUs, e.g. ``gfx90a``)."""
-        name = ctypes.create_string_buffer(64)
-        self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_NAME, name)
-        return name.value.decode(errors="replace")
-
-    def gpu_agents(self) -> list:
-        """The GPU agents, in device order."""
-        return [agent for agent, _ in self._gpus]
-
-    def all_agents(self) -> list:
-        """The CPU agent, then the GPU agents."""
-        return [self._cpu, *self.gpu_agents()]
-
-    def kernarg_block(self, agent: Any) -> tuple[int, int]:
-        """(address, size) of kernarg memory for one queue's ring, visible to ``agent``."""
-        out = ctypes.c_void_p()
-        self.api.check(self.api.hsa_amd_memory_pool_allocate(self._kernarg_pool, KERNARG_RING_BYTES, 0,
-                                                             ctypes.byref(out)), "kernarg allocation")
-        agents = self.gpu_agents()   # graph kernargs may serve every device
-        arr = (T.hsa_agent_t * len(agents))(*agents)
-        self.api.check(self.api.hsa_amd_agents_allow_access(len(agents), arr, None, out.value),
-                       "kernarg access")
-        self._kernarg_blocks.append(out.value)
-        return out.value, KERNARG_RING_BYTES
+        self.devices: list[Device] = []
+        self._graphs: weakref.WeakSet = weakref.WeakSet()
 
     # -- state ---------------------------------------------------------------------------------
     def check_open(self) -> None:
@@ -172,169 +198,277 @@ class Runtime:
         """The graph capturing this runtime's operations in this context, else None."""
         return _capture.current(self)
 
-    def stats(self) -> dict:
-        """Counters that return to their baseline when no work is pending (leak checks)."""
-        with self.lock:
-            return {
-                "pending": self.hub.pending_count,
-                "signals_in_use": self.hub.pool.in_use,
-                "kernarg_in_use": sum(q.kernarg.in_use for d in self.devices for q in d.queues),
-                "backlog": sum(len(q.backlog) for d in self.devices for q in d.queues),
-                "host_locks": self.host.count,
-                "host_ranges": self.hazards.host_ranges,
-                "small_allocations": sum(d.memory.small.used for d in self.devices),
-                "large_allocations": sum(len(d.memory.large) for d in self.devices),
-            }
+    def check_after(self, after: Any) -> list[GPUFuture]:
+        """``after=`` as a list of this runtime's GPUFutures (TypeError/ValueError otherwise).
+        A graph node is accepted only inside its capture."""
+        if isinstance(after, GPUFuture):
+            after = [after]
+        try:
+            items = list(after)
+        except TypeError:
+            raise TypeError(f"after= takes GPUFutures, got {after!r}") from None
+        capture = None
+        for f in items:
+            if not isinstance(f, GPUFuture):
+                raise TypeError(f"after= takes GPUFutures, got {f!r}")
+            if getattr(f, "graph", None) is not None:
+                capture = capture or self.capturing()
+                if capture is None:
+                    raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
+                                     f"wait for a replay's future instead")
+            elif f._hub is not None and f._hub is not self.hub:
+                raise ValueError(f"{f!r} belongs to another runtime")
+        return items
+
+    # -- submission (under the lock) -------------------------------------------------------------
+    def submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
+                       submit: Callable[[dict], GPUFuture]) -> GPUFuture:
+        """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
+        a failed input or a broken device fails it without submitting anything, else
+        ``submit(deps)`` submits it."""
+        deps = ordering.dependencies(reads, writes, after)
+        err = ordering.failed_dependency(deps)
+        if err is None and device.broken is not None:
+            err = GPUError(f"{label}: {device.broken}", status=getattr(device.broken, "status", None))
+        if err is not None:
+            return ordering.failed_without_running(self.hub, label, err, writes)
+        return submit(deps)
+
+    def track(self, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iterable[GPUFuture] = (),
+              keep: Iterable = (), cleanup: Iterable[Callable[[], None]] = ()) -> None:
+        """Bookkeeping once ``fut`` is submitted: it becomes the last writer of ``writes`` and a
+        reader of ``reads``; buffers count it as a user; ``keep`` stays alive and ``cleanup``
+        runs when it has retired (under the lock)."""
+        reads, writes = list(reads), list(writes)
+        ordering.record(fut, reads, writes, deps)
+        used = {id(s): s for s in (*reads, *writes)}.values()
+        bufs = [s for s in used if isinstance(s, Buffer)]
+        hosts = [s for s in used if isinstance(s, ordering.HostRange)]
+        for buf in bufs:
+            buf.users += 1
+        fut.keep.extend(bufs)
+        fut.keep.extend(keep)
+        cleanup = list(cleanup)
+        if not (bufs or hosts or cleanup):
+            return
+        hazards = self.hazards
+
+        def retired() -> None:
+            for fn in cleanup:
+                fn()
+            for buf in bufs:
+                buf.unuse()
+            for state in hosts:
+                hazards.prune_host(state)
+
+        fut._cleanup.append(retired)
 
     # -- copies --------------------------------------------------------------------------------
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:
         """See ``aiogpu.copy``."""
-        nbytes = _check_copy(dst, src)
-        after = check_after(self, after)
+        nbytes = self._check_copy(dst, src)
+        after = self.check_after(after)
         capture = self.capturing()
         if capture is not None:
+            if not all(isinstance(s, (Buffer, np.ndarray)) for s in (dst, src)):
+                raise TypeError("a graph captures copies of Buffers and NumPy arrays only")
             return capture.record_copy(dst, src, after)
         with self.lock:
             self.check_open()
-            return self._submit_copy(dst, src, nbytes, after)
+            d, s = self._side(dst, "dst"), self._side(src, "src")
+            direction, device = _route(d, s)
+            label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
+            return self.submit_guarded(device, label, [s.state], [d.state], after, lambda deps: self._run_copy(
+                CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), deps))
 
-    def _submit_copy(self, dst: Any, src: Any, nbytes: int, after: list) -> GPUFuture:
-        dst_state, dst_ptr, dst_agent, keep = self._side(dst)
-        src_state, src_ptr, src_agent, keep2 = self._side(src)
-        device = src.device if isinstance(src, Buffer) else dst.device   # the engine's device
-        label = f"copy {_where(src)}->{_where(dst)} {nbytes} B"
-        deps = ordering.dependencies([src_state], [dst_state], after)
-        err = ordering.failed_dependency(deps)
-        if err is not None:
-            return ordering.failed_without_running(self.hub, label, err, [dst_state])
-        host_ranges = [(a, n) for a, n in ((_host_key(dst)), (_host_key(src))) if a]
-        pins = [(a, n, self.host.lock(a, n)) for a, n in host_ranges]
-        if dst_ptr is None:
-            dst_ptr = pins[0][2]
-        if src_ptr is None:
-            src_ptr = pins[-1][2]
-        unlock = lambda: [self.host.unlock(a, n) for a, n, _ in pins]  # noqa: E731
-        engine = device.engines.pick(dst_agent, src_agent)
-        if engine is not None:
-            fut = self.hub.new_future(label)
-            fut.device, fut.kind, fut.nbytes = device, "copy", nbytes
-            live = [d for d in deps if not d.retired]
-            for dep in live:
-                self.hub.depend(fut, dep, semantic=deps[dep])
-            name = device.engines.submit(engine, dst_ptr, dst_agent, src_ptr, src_agent, nbytes,
-                                         [d.signal for d in live], fut.signal)
-            if name is not None:
-                fut.queue = name
-                device._track(fut, None, [src_state], [dst_state], keep + keep2, live)
-                fut._cleanup.append(unlock)
-                return fut
-            for dep in live:           # the engine ran out between status and submit
-                if fut in dep._dependents:
-                    dep._dependents.remove(fut)
-            self.hub.discard(fut)
-        # No SDMA engine: the built-in copy kernel on the device's compute queue.
-        shader = device.dispatch(device.loaded(copy_kernel), label + " (shader)", (max(nbytes, 1),), (256,),
-                                 [dst_ptr, src_ptr, nbytes], [nbytes, nbytes], [], [], after,
-                                 extra_reads=[src_state], extra_writes=[dst_state], keep=keep + keep2)
-        shader.kind, shader.nbytes = "copy", nbytes
-        if shader.retired:
-            unlock()
-        else:
-            shader._cleanup.append(unlock)
-        return shader
+    def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
+        """Host pointers, then the engine when one can take the copy, else a shader copy."""
+        self._host_pointers(op)
+        fut = None
+        if self.copy_engines or not self._shader_can_copy(op):
+            fut = self._submit_copy(op, deps)
+        if fut is None:
+            dev, n = op.device, op.nbytes
+            fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n), (256,),
+                                     [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state], [op.dst.state],
+                                     keep=op.keep, cleanup=op.cleanup, copy=op)
+        fut.kind, fut.nbytes = "copy", op.nbytes
+        return fut
 
-    def _side(self, side: Any) -> tuple[Any, int | None, Any, list]:
-        """(ordering state, device pointer or None for host, agent, objects to keep alive)."""
+    def _check_copy(self, dst: Any, src: Any) -> int:
+        """Validate a copy's two sides before anything is submitted; returns the byte count."""
+        sizes = []
+        for name, side in (("dst", dst), ("src", src)):
+            if isinstance(side, Buffer):
+                side.check_usable()
+                if side.device.runtime is not self:
+                    raise ValueError(f"copy {name}: {side!r} belongs to another runtime")
+                sizes.append(side.nbytes)
+            elif isinstance(side, np.ndarray):
+                host_dtype(side.dtype, f"copy {name}")
+                if not side.flags.c_contiguous:
+                    raise ValueError(f"copy {name}: the NumPy array must be C-contiguous")
+                if side.nbytes == 0:
+                    raise ValueError(f"copy {name}: the array is empty")
+                sizes.append(side.nbytes)
+            else:
+                info = self._foreign(side, name)
+                if info is None:
+                    raise TypeError(f"copy {name} must be a Buffer or a NumPy array{self._foreign_kinds}, "
+                                    f"got {type(side).__name__}")
+                sizes.append(info[1])
+        if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+            raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
+        if not isinstance(dst, Buffer) and not isinstance(src, Buffer):
+            raise TypeError("copy needs at least one Buffer")
+        if isinstance(dst, np.ndarray) and not dst.flags.writeable:
+            raise ValueError("copy dst: the NumPy array is read-only")
+        if sizes[0] != sizes[1]:
+            raise ValueError(f"copy sizes differ: dst has {sizes[0]} bytes, src {sizes[1]}")
+        return sizes[0]
+
+    def _side(self, side: Any, name: str) -> CopySide:
         if isinstance(side, Buffer):
-            return side, side.address, side.device.agent, [side]
-        addr = side.__array_interface__["data"][0]
-        return self.hazards.host(addr, side.nbytes), None, self._cpu, [side]
+            return CopySide(side, False, side.device, side, side.address)
+        if isinstance(side, np.ndarray):
+            addr = side.__array_interface__["data"][0]
+            return CopySide(side, True, None, self.hazards.host(addr, side.nbytes), None)
+        ptr, nbytes, device, stream = self._foreign(side, name)
+        return CopySide(side, False, device, self.hazards.host(ptr, nbytes), ptr, stream)
 
+    # Foreign device arrays (other libraries' memory) in copies: none by default.
+    _foreign_kinds = ""
+
+    def _foreign(self, side: Any, name: str) -> tuple | None:
+        """(pointer, nbytes, device, stream) of another library's device array, None if ``side``
+        is not one (ValueError/TypeError if it is one this runtime cannot use)."""
+        return None
+
+    def _shader_can_copy(self, op: CopyOp) -> bool:
+        """Whether a shader on ``op.device`` can address both sides (else an engine must copy)."""
+        return True
+
+    # -- fills ---------------------------------------------------------------------------------
     def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture] = ()) -> GPUFuture:
-        """See ``Buffer.fill``: the built-in fill kernel over the buffer's 32-bit words."""
-        return buf.device.launch(fill_kernel, (max(buf.nbytes // 4, 1),), (256,),
-                                 (buf, int(value) & 0xFFFFFFFF, buf.nbytes // 4), after=after)
+        """See ``Buffer.fill``: ``value`` repeated as a 32-bit word over the buffer."""
+        word = _fill_word(value)
+        if not isinstance(buf, Buffer):
+            raise TypeError(f"fill takes a Buffer, got {type(buf).__name__}")
+        buf.check_usable()
+        if buf.nbytes % 4:
+            raise ValueError(f"fill writes 32-bit words; {buf!r} is not a multiple of 4 bytes")
+        after = self.check_after(after)
+        dev = buf.device
+        capture = self.capturing()
+        if capture is not None:
+            from .kernels import fill_kernel
+            return capture.record_launch(dev, fill_kernel, (max(buf.nbytes // 4, 1),), (256,),
+                                         (buf, word, buf.nbytes // 4), after)
+        with self.lock:
+            self.check_open()
+            return self.submit_guarded(dev, f"fill {buf.nbytes} B", [], [buf], after,
+                                       lambda deps: dev._submit_fill(buf, word, deps))
 
     # -- joins ---------------------------------------------------------------------------------
     def gather(self, futures: Iterable[GPUFuture]) -> GPUFuture:
-        """One future for all of ``futures``: a barrier-AND on the device where possible."""
-        futures = check_after(self, list(futures))
+        """One future for all of ``futures`` (a join on the device where possible)."""
+        futures = self.check_after(list(futures))
         capture = self.capturing()
         if capture is not None:
             return capture.record_gather(futures)
         with self.lock:
-            settled, live, _deps = prepare_join(self, futures)
-            if settled is not None:
-                return settled
+            self.check_open()
+            deps = {f: True for f in futures}
+            err = ordering.failed_dependency(deps)
+            live = [f for f in futures if not f.retired]
+            if err is not None or not live:
+                return completed_future(self.hub, "gather", err)
             device = next((f.device for f in live if f.device is not None), self.devices[0])
-            queue = device.queues[0]
-            fut = self.hub.new_future(f"gather of {len(futures)}")
-            fut.device, fut.kind = device, "join"
-            for dep in live:
-                self.hub.depend(fut, dep)
-            packets = barrier_and_packets([d.signal for d in live], fut.signal)
-            device._track(fut, queue, [], [], [], live)
-            queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut))
-            return fut
+            return self._submit_join(device, live, deps)
 
-    # -- faults --------------------------------------------------------------------------------
-    def _on_system_event(self, event_ptr: Any, _data: Any) -> int:
-        # Runs on a driver thread: copy the facts out and hand over to the waiter thread.
-        ev = event_ptr.contents
-        if ev.event_type == T.HSA_AMD_GPU_MEMORY_FAULT_EVENT:
-            info = (ev.memory_fault.agent.handle, ev.memory_fault.virtual_address, ev.memory_fault.fault_reason_mask)
-            self.hub.post_event(lambda: self._on_memory_fault(*info))
-        return T.HSA_STATUS_SUCCESS
-
-    def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """Fail the pending copies of that agent's engines that touch ``address``: an engine
-        reports a fault, then retires the aborted copy through its signal, so they are failed
-        here and retire as usual (a copy that touched the address but did not fault fails too:
-        its result cannot be told apart). A dispatch that faulted is failed by its queue's error
-        report, which follows the event."""
+    # -- graphs ----------------------------------------------------------------------------------
+    def instantiate(self, graph: Any) -> Any:
+        """The executable of a captured ``graph`` (``Graph.instantiate`` calls this)."""
         with self.lock:
-            self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
-            for fut in list(self.hub.pending_futures()):
-                dev = fut.device
-                if fut.done() or dev is None or dev.agent.handle != agent or ".sdma" not in (fut.queue or ""):
-                    continue
-                if any(_touches(k, address) for k in fut.keep):
-                    self.hub.fail(fut, GPUError(f"{fut.label}: memory fault at 0x{address:x} (reason "
-                                                f"0x{reason:x})", status=T.HSA_STATUS_ERROR_MEMORY_FAULT,
-                                                queue=fut.queue))
+            self.check_open()
+            exe = self._instantiate(graph)
+            self._graphs.add(exe)
+            return exe
 
-    def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
-        """A lost or stalled completion on a compute queue: abort that queue, so that what its
-        packets held is freed and the device stays usable. Copies are left to the hub, which
-        quarantines them (an engine cannot be aborted)."""
-        for dev in self.devices:
-            for queue in dev.queues:
-                if fut in queue.inflight:
-                    queue.abort(exc, queue.inflight[fut][1])
-                    return True
-                if any(group.future is fut for group in queue.backlog):
-                    queue.abort(exc, -1)    # stuck behind a silent packet: the queue is wedged
-                    return True
-        return False
+    # -- hooks -----------------------------------------------------------------------------------
+    def _host_pointers(self, op: CopyOp) -> None:
+        raise NotImplementedError
+
+    def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
+        raise NotImplementedError
+
+    def _submit_join(self, device: Device, live: list, deps: dict) -> GPUFuture:
+        raise NotImplementedError
+
+    def _instantiate(self, graph: Any) -> Any:
+        raise NotImplementedError
+
+    def _backend_stats(self) -> dict:
+        return {}
+
+    def describe(self) -> str:
+        """What ``python -m aiogpu info`` prints: the backend, why, every device and lane."""
+        return f"backend: {self.backend}\nreason:  {self.reason}"
+
+    def _release(self) -> None:
+        raise NotImplementedError
+
+    # -- stats and leaks -------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counters; those of ``LEAK_KEYS`` and the allocation counts return to zero when no
+        work is pending and no buffer is held."""
+        self.hub.poll()
+        with self.lock:
+            out = {key: 0 for key in LEAK_KEYS}
+            out.update(pending=self.hub.pending_count, host_ranges=self.hazards.host_ranges,
+                       small_allocations=sum(d.memory.small.used for d in self.devices),
+                       large_allocations=sum(len(d.memory.large) for d in self.devices))
+            out.update(self._backend_stats())
+            return out
+
+    def leaks(self, timeout: float = 10.0, *, buffers: bool = True) -> dict:
+        """What is still held once pending work settled (waits up to ``timeout`` s): the
+        non-zero counters of ``LEAK_KEYS``, and ``buffers`` (live allocations, after a garbage
+        collection) when asked. An empty dict means nothing leaked. The one leak check of the
+        pytest plugin, the test suite and ``python -m aiogpu stress``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            stats = self.stats()
+            if not any(stats[k] for k in LEAK_KEYS) or time.monotonic() > deadline:
+                break
+            time.sleep(0.005)
+        found = {k: stats[k] for k in LEAK_KEYS if stats[k]}
+        if buffers:
+            gc.collect()          # buffers nobody references any more go back now
+            stats = self.stats()
+            held = stats["small_allocations"] + stats["large_allocations"]
+            if held:
+                found["buffers"] = held
+        return found
 
     # -- shutdown ------------------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:
-        """Wait (up to ``timeout`` s) for submitted work, then release every resource."""
+        """Wait (up to ``timeout`` s) for submitted work, then release every resource.
+        Idempotent; later operations raise RuntimeClosedError."""
         with self.lock:
             if self.closed:
                 return
             self.closed = True
         deadline = time.monotonic() + timeout
         while self.hub.pending_count and time.monotonic() < deadline:
-            time.sleep(0.005)
+            self.hub.poll()
+            if self.hub.pending_count:
+                time.sleep(0.002)
         self.hub.close()
-        for dev in self.devices:
-            for q in dev.queues:
-                q.destroy()
-        for block in self._kernarg_blocks:
-            self.api.hsa_amd_memory_pool_free(block)
-        if self.backend == "emulator":
-            self.api.hsa_shut_down()
+        with self.lock:
+            for exe in list(self._graphs):
+                exe.destroy()
+            self._release()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -343,58 +477,34 @@ class Runtime:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<Runtime {self.backend}: {len(self.devices)} GPU(s)>"
+        return f"<{type(self).__name__} {self.backend}: {len(self.devices)} GPU(s)>"
 
 
-def _auto_prefers_cuda() -> bool:
-    """Auto-selection: a real HSA GPU first, then an NVIDIA GPU, else the emulator."""
-    api, _why = loader.try_real()
-    if api is not None:
-        api.shut_down()
-        return False
-    return cuda_available()[0]
+def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:
+    """The copy-direction rule: (direction, the device whose engine runs the copy)."""
+    if s.host:
+        return "h2d", d.device
+    if d.host:
+        return "d2h", s.device
+    if d.device is s.device:
+        return "d2d", s.device
+    return "peer", s.device          # between GPUs: the SOURCE device's engine
 
 
-def _where(side: Any) -> str:
-    return side.device.name if isinstance(side, Buffer) else "host"
+def _where(side: CopySide) -> str:
+    if side.host:
+        return "host"
+    return side.device.name if isinstance(side.obj, Buffer) else type(side.obj).__name__
 
 
-def _host_key(side: Any) -> tuple[int, int]:
-    if isinstance(side, Buffer):
-        return 0, 0
-    return side.__array_interface__["data"][0], side.nbytes
-
-
-def _touches(obj: Any, address: int) -> bool:
-    if isinstance(obj, Buffer):
-        return obj.address <= address < obj.address + obj.nbytes
-    if isinstance(obj, np.ndarray):
-        base = obj.__array_interface__["data"][0]
-        return base <= address < base + obj.nbytes
-    return False
-
-
-def _check_copy(dst: Any, src: Any) -> int:
-    """Validate a copy's two sides; returns the byte count."""
-    for name, side in (("dst", dst), ("src", src)):
-        if isinstance(side, Buffer):
-            side.check_usable()
-        elif isinstance(side, np.ndarray):
-            if not side.flags.c_contiguous:
-                raise ValueError(f"copy {name}: the NumPy array must be C-contiguous")
-            if side.nbytes == 0:
-                raise ValueError(f"copy {name}: the array is empty")
-        else:
-            raise TypeError(f"copy {name} must be a Buffer or a NumPy array, got {type(side).__name__}")
-    if not isinstance(dst, Buffer) and not isinstance(src, Buffer):
-        raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
-    if isinstance(dst, np.ndarray) and not dst.flags.writeable:
-        raise ValueError("copy dst: the NumPy array is read-only")
-    if isinstance(dst, Buffer) and isinstance(src, Buffer) and dst.device.runtime is not src.device.runtime:
-        raise ValueError("copy between buffers of two different runtimes")
-    if dst.nbytes != src.nbytes:
-        raise ValueError(f"copy sizes differ: dst has {dst.nbytes} bytes, src {src.nbytes}")
-    return dst.nbytes
+def _fill_word(value: Any) -> int:
+    """A fill value as the 32-bit word written (signed or unsigned 32-bit integers)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"fill takes a 32-bit integer word, got {value!r}; to fill with floats, "
+                        f"fill with their bit pattern (e.g. np.float32(x).view(np.uint32))")
+    if not -(1 << 31) <= int(value) < (1 << 32):
+        raise ValueError(f"fill value {value} does not fit in 32 bits")
+    return int(value) & 0xFFFFFFFF
 
 
 _default: Runtime | None = None

@@ -8,7 +8,6 @@ it leaves GPU work pending or leaks signals, kernel-argument memory, host locks 
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 import pytest
@@ -24,18 +23,6 @@ def pytest_addoption(parser: Any) -> None:
                     help="one runtime for the whole session instead of a fresh one per test")
 
 
-def _settle(rt: Any, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = rt.stats()
-        if stats.get("pending", 0) == 0 or time.monotonic() > deadline:
-            return stats
-        time.sleep(0.005)
-
-
-LEAK_KEYS = ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks")
-
-
 def _open(config: Any, marker_options: dict) -> Any:
     import aiogpu
 
@@ -46,20 +33,6 @@ def _open(config: Any, marker_options: dict) -> Any:
                    "sdma_engines": config.getoption("--aiogpu-sdma-engines", 2)}
     options.update(marker_options)
     return aiogpu.Runtime(backend, **options)
-
-
-def _leaks(rt: Any, *, buffers: bool) -> dict:
-    import gc
-
-    stats = _settle(rt, 10.0)
-    leaks = {k: v for k, v in stats.items() if k in LEAK_KEYS and v}
-    if buffers:
-        gc.collect()          # buffers nobody references any more go back now
-        stats = rt.stats()
-        held = stats.get("small_allocations", 0) + stats.get("large_allocations", 0)
-        if held:
-            leaks["buffers"] = held
-    return leaks
 
 
 @pytest.fixture(scope="session")
@@ -77,11 +50,11 @@ def gpu_runtime(request: Any) -> Iterator[Any]:
     if request.config.getoption("--aiogpu-shared-runtime", False) and marker is None:
         rt = request.getfixturevalue("_aiogpu_session_runtime")
         yield rt
-        leaks = _leaks(rt, buffers=False)
+        leaks = rt.leaks(buffers=False)
     else:
         rt = _open(request.config, marker.kwargs if marker else {})
         yield rt
-        leaks = _leaks(rt, buffers=True)
+        leaks = rt.leaks(buffers=True)
         rt.close()
     if leaks:
         pytest.fail(f"the test left GPU work or resources behind: {leaks}")

@@ -3,8 +3,6 @@ the tests: the emulator always; CUDA where an NVIDIA GPU answers; two-GPU varian
 interop only where those are present)."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 import aiogpu
@@ -49,29 +47,26 @@ TORCH_CUDA = _torch_with_cuda()
 
 
 def wait_for_baseline(rt: aiogpu.Runtime, timeout: float = 5.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = rt.stats()
-        if (stats["pending"] == 0 and stats["signals_in_use"] == 0 and stats["kernarg_in_use"] == 0
-                and stats["backlog"] == 0 and stats["host_locks"] == 0) or time.monotonic() > deadline:
-            return stats
+    """The runtime's stats once nothing is pending (or ``timeout`` passed)."""
+    rt.leaks(timeout, buffers=False)
+    return rt.stats()
 
 
-def backend_runtime(backend: str, *, shader_copies: bool = False):
+def backend_runtime(backend: str, *, shader_copies: bool = False, **options):
     """A runtime of ``backend`` for the parametrised tests (two emulated GPUs; every CUDA GPU)."""
     if backend == "emulator":
-        return aiogpu.Runtime("emulator", gpus=2, **({"sdma_engines": 0} if shader_copies else {}))
-    return aiogpu.Runtime(backend, **({"copy_engines": False} if shader_copies else {}))
+        options.setdefault("gpus", 2)
+    if shader_copies:
+        options["copy_engines"] = False
+    return aiogpu.Runtime(backend, **options)
 
 
 def _close_checked(rt) -> None:
+    """Close ``rt`` after checking (the one leak check, ``Runtime.leaks``) that nothing leaked."""
     if rt.closed:
         return
-    stats = wait_for_baseline(rt)
+    leaks = rt.leaks(5.0, buffers=False)
     rt.close()
-    assert stats["pending"] == 0, stats
-    assert stats["signals_in_use"] == 0, stats
-    assert stats["kernarg_in_use"] == 0, stats
-    assert stats["host_locks"] == 0, stats
+    assert leaks == {}, leaks
 
 

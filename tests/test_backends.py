@@ -209,8 +209,38 @@ async def test_fill_and_typed_results(any_rt):
     await buf.fill(0x01020304)
     words = await buf.to_numpy(np.uint32)
     assert words.shape == (1024,) and (words == 0x01020304).all()
-    with pytest.raises(ValueError):
-        buf.to_numpy(np.dtype("V3"))
+    with pytest.raises(ValueError, match="whole number"):
+        d0.alloc(12).to_numpy(np.float64)
+    for bad in (object, np.dtype("V3"), np.dtype([]), "U4", [("a", "i4")]):
+        with pytest.raises(TypeError, match="not numeric"):
+            buf.to_numpy(bad)
+
+
+@pytest.mark.asyncio
+async def test_non_numeric_host_arrays_are_refused(any_rt):
+    """Raw bytes copied into an object array would overwrite PyObject pointers (a crash)."""
+    d0 = any_rt.devices[0]
+    buf = d0.alloc(64)
+    await buf.fill(7)
+    objects = np.empty(64 // np.dtype(object).itemsize, dtype=object)
+    with pytest.raises(TypeError, match="not numeric"):
+        aiogpu.copy(objects, buf)
+    with pytest.raises(TypeError, match="not numeric"):
+        aiogpu.copy(buf, objects)
+    assert list(objects) == [None] * len(objects)
+
+
+@pytest.mark.asyncio
+async def test_fill_values_are_32_bit_integers(any_rt):
+    buf = any_rt.devices[0].alloc(16)
+    for bad in ("7", 1.5, 2.0, 1j, True, None):
+        with pytest.raises(TypeError):
+            buf.fill(bad)
+    for bad in (1 << 32, -(1 << 31) - 1, 2 ** 40):
+        with pytest.raises(ValueError, match="32 bits"):
+            buf.fill(bad)
+    await buf.fill(-1)
+    assert (await buf.to_numpy(np.uint32) == 0xFFFFFFFF).all()
 
 
 # -- ordering ------------------------------------------------------------------------------------
@@ -361,7 +391,7 @@ def test_bad_input_raises_before_submission(any_rt):
     cases = [
         (lambda: d0.launch(saxpy, (16,), (16,), (y, x, 2.0)), TypeError, "takes 4 arguments"),
         (lambda: d0.launch(saxpy, (16,), (16,), (1, x, 2.0, 16)), TypeError, "must be a Buffer"),
-        (lambda: d0.launch(saxpy, (16,), (16,), (y, x, "2", 16)), TypeError, "must be a number"),
+        (lambda: d0.launch(saxpy, (16,), (16,), (y, x, "2", 16)), TypeError, "must be a real number"),
         (lambda: d0.launch(saxpy, (16,), (16,), (y, x, 2.0, -1)), ValueError, "out of range"),
         (lambda: d0.launch(saxpy, (0,), (16,), (y, x, 2.0, 16)), ValueError, "grid entries"),
         (lambda: d0.launch(saxpy, (16,), (2048,), (y, x, 2.0, 16)), ValueError, "block entries"),

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import ctypes
-import itertools
 import struct
 from typing import Any, Iterable, Sequence
 
-from .. import ordering
-from ..device import check_after, check_args, check_launch
+from ..device import Device
 from ..kernels import Kernel
-from ..memory import BLOCK, SMALL_LIMIT, Buffer, BuddyAllocator, allocate, round_up
+from ..memory import Buffer
 from . import driver as D
 from . import nvrtc
 from .driver import cu
@@ -66,93 +64,35 @@ def layout(args: tuple) -> tuple[str, list[int], int]:
     return fmt, offsets, off
 
 
-class CudaMemory:
-    """Device memory: the buddy sub-allocator over 2 MiB ``cuMemAlloc`` blocks for small
-    buffers; large ones rounded up to 2 MiB at 2 MiB-aligned addresses (as on HSA)."""
-
-    def __init__(self, device: "CudaDevice"):
-        self.device = device
-        self._bases: dict[int, int] = {}
-        self._all: set[int] = set()
-        self.small = BuddyAllocator(lambda: self._aligned(BLOCK), self._free_raw)
-        self.large: dict[int, int] = {}
-
-    def alloc(self, nbytes: int) -> tuple[int, int]:
-        if nbytes <= SMALL_LIMIT:
-            addr = self.small.alloc(nbytes)
-            return addr, 1 << self.small.order_for(nbytes)
-        size = round_up(nbytes, BLOCK)
-        addr = self._aligned(size)
-        self.large[addr] = size
-        return addr, size
-
-    def free(self, addr: int) -> None:
-        if addr in self.large:
-            del self.large[addr]
-            self._free_raw(addr)
-        else:
-            self.small.free(addr)
-
-    def _raw(self, size: int) -> int:
-        self.device.make_current()
-        return int(D.check(cu.cuMemAlloc(size), f"cuMemAlloc({size})"))
-
-    def _aligned(self, size: int) -> int:
-        ptr = self._raw(size)
-        if ptr % BLOCK:
-            cu.cuMemFree(ptr)
-            base = self._raw(size + BLOCK)
-            ptr = round_up(base, BLOCK)
-            self._bases[ptr] = base
-        self._all.add(ptr)
-        return ptr
-
-    def _free_raw(self, addr: int) -> None:
-        self._all.discard(addr)
-        self.device.make_current()
-        cu.cuMemFree(self._bases.pop(addr, addr))
-
-    def destroy(self) -> None:
-        for addr in list(self._all):
-            self._free_raw(addr)
-
-
-class CudaDevice:
-    """One NVIDIA GPU: ``alloc`` buffers, ``launch`` kernels; copies go through ``aiogpu.copy``.
+class CudaDevice(Device):
+    """One NVIDIA GPU (the core's Device on CUDA).
 
     Work runs on lanes (streams): ``compute`` lanes for kernels, and the copy lanes ``h2d``,
     ``d2h``, ``d2d`` and ``peer`` that stand in for the DMA engines.
     """
 
     def __init__(self, runtime: Any, index: int, *, compute_streams: int):
-        self.runtime, self.index = runtime, index
-        self.name = f"gpu{index}"
         self.cudev = D.check(cu.cuDeviceGet(index), "cuDeviceGet")
         self.ctx = _retain_primary(self.cudev)
         self.ctx_handle = int(self.ctx)
-        self.broken: Any = None
         raw = D.check(cu.cuDeviceGetName(128, self.cudev), "cuDeviceGetName")
         self.product = raw.split(b"\0", 1)[0].decode(errors="replace")
         self.cc = (D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
                    D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"))
-        self.isa = f"sm_{self.cc[0]}{self.cc[1]}"
+        super().__init__(runtime, index, f"sm_{self.cc[0]}{self.cc[1]}")
         self.max_grid = tuple(D.attribute(self.cudev, f"CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_{a}") for a in "XYZ")
         self.host_pointer_ok = bool(D.attribute(
             self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"))
         self.events = EventPool(self)
         self.memops = bool(D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS"))
         self.words = CompletionWords(self) if self.memops and runtime.completion_words else None
-        self.memory = CudaMemory(self)
-        self.compute = [Lane(self, f"{self.name}.s{i}", "compute") for i in range(compute_streams)]
+        self._set_compute_lanes([Lane(self, f"{self.name}.s{i}", "compute") for i in range(compute_streams)])
         self.h2d = Lane(self, f"{self.name}.h2d", "h2d")
         self.d2h = Lane(self, f"{self.name}.d2h", "d2h")
         self.d2d = Lane(self, f"{self.name}.d2d", "d2d")
         self.peer = Lane(self, f"{self.name}.peer", "peer")
         self.lanes = [*self.compute, self.h2d, self.d2h, self.d2d, self.peer]
         self.peers: set[int] = set()
-        self._rr = itertools.cycle(range(compute_streams))
-        self._kernels: dict[Kernel, LoadedCudaKernel] = {}
-        self._shapes: dict[tuple, tuple] = {}
 
     def __repr__(self) -> str:
         return f"<CudaDevice {self.name} {self.product} {self.isa} (cuda)>"
@@ -160,37 +100,40 @@ class CudaDevice:
     def make_current(self) -> None:
         D.make_current(self.ctx, self.ctx_handle)
 
-    # -- memory --------------------------------------------------------------------------------
-    def alloc(self, nbytes: int) -> Buffer:
-        """``nbytes`` of device memory (synchronous, cheap; contents undefined)."""
-        return allocate(self, nbytes)
+    # -- hooks: memory -------------------------------------------------------------------------
+    def _raw_alloc(self, size: int) -> int:
+        """``cuMemAlloc`` in this device's context; OutOfMemoryError when it has no room."""
+        self.make_current()
+        err, ptr = cu.cuMemAlloc(size)
+        if int(err) == D.OUT_OF_MEMORY:
+            free = cu.cuMemGetInfo()
+            raise self.out_of_memory(size, int(free[1]) if free[0] == 0 else None, int(err))
+        return int(D.check((err, ptr), f"cuMemAlloc({size})"))
 
-    # -- kernels -------------------------------------------------------------------------------
-    def loaded(self, kernel: Kernel) -> LoadedCudaKernel:
+    def _raw_free(self, address: int) -> None:
+        self.make_current()
+        cu.cuMemFree(address)
+
+    # -- hooks: kernels ------------------------------------------------------------------------
+    def _load(self, kernel: Kernel) -> LoadedCudaKernel:
         """``kernel`` compiled (NVRTC, cached per process) and loaded in this context."""
-        got = self._kernels.get(kernel)
-        if got is None:
-            code = kernel.cuda
-            if code is None:
-                raise ValueError(f"kernel {kernel.name!r} has no CUDA implementation (cuda=)")
-            if isinstance(code, str):
-                code, _kind = nvrtc.compile_source(code, kernel.name, *self.cc)
-            self.make_current()
-            module = D.check(cu.cuModuleLoadData(code), f"cuModuleLoadData({kernel.name})")
-            err, func = cu.cuModuleGetFunction(module, kernel.name.encode())
-            if err != 0:
-                cu.cuModuleUnload(module)
-                raise ValueError(f"the CUDA code of kernel {kernel.name!r} has no extern \"C\" "
-                                 f"__global__ function named {kernel.name!r} ({D.error_name(err)})")
-            if hasattr(cu, "cuFuncLoad"):
-                # Load it now rather than at its first launch: with lazy loading, a first
-                # launch may wait for kernels already running on the device.
-                cu.cuFuncLoad(func)
-            got = self._kernels[kernel] = LoadedCudaKernel(kernel, func, module)
-        return got
-
-    def _check_args(self, kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict]:
-        return check_args(self, kernel, args)
+        code = kernel.cuda
+        if code is None:
+            raise ValueError(f"kernel {kernel.name!r} has no CUDA implementation (cuda=)")
+        if isinstance(code, str):
+            code, _kind = nvrtc.compile_source(code, kernel.name, *self.cc)
+        self.make_current()
+        module = D.check(cu.cuModuleLoadData(code), f"cuModuleLoadData({kernel.name})")
+        err, func = cu.cuModuleGetFunction(module, kernel.name.encode())
+        if err != 0:
+            cu.cuModuleUnload(module)
+            raise ValueError(f"the CUDA code of kernel {kernel.name!r} has no extern \"C\" "
+                             f"__global__ function named {kernel.name!r} ({D.error_name(err)})")
+        if hasattr(cu, "cuFuncLoad"):
+            # Load it now rather than at its first launch: with lazy loading, a first
+            # launch may wait for kernels already running on the device.
+            cu.cuFuncLoad(func)
+        return LoadedCudaKernel(kernel, func, module)
 
     def blocks(self, grid: tuple, block: tuple) -> tuple[tuple, tuple]:
         """CUDA's (gridDim, blockDim) for an HSA-style grid of work-items (ValueError if too big)."""
@@ -202,45 +145,19 @@ class CudaDevice:
         pad = (1,) * (3 - len(grid))
         return blocks + pad, tuple(block) + pad
 
-    def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
-               after: Iterable[Any] = ()) -> Any:
-        """Launch ``kernel`` over ``grid`` work-items in blocks of ``block`` (ceil(grid/block)
-        CUDA blocks). Returns a GPUFuture at once; bad input raises before submission."""
-        rt = self.runtime
-        try:
-            key = (kernel, grid, block)
-            grid, block, dims = self._shapes[key]          # validated before: same answer
-        except (KeyError, TypeError):
-            grid, block = check_launch(kernel, grid, block)
-            dims = self.blocks(grid, block)
-            if len(self._shapes) < 1024:
-                try:
-                    self._shapes[key] = (grid, block, dims)
-                except TypeError:                          # lists: not cached
-                    pass
-        values, _lengths, buffers = check_args(self, kernel, args)
-        after = check_after(rt, after) if after else []
-        capture = rt.capturing()
-        if capture is not None:
-            return capture.record_launch(self, kernel, grid, block, tuple(args), after)
-        with rt.lock:
-            rt.check_open()
-            loaded = self._kernels.get(kernel) or self.loaded(kernel)
-            if buffers:
-                reads = list(buffers.values())
-                writes = [buffers[i] for i in loaded.writes if i in buffers]
-            else:
-                reads = writes = []
-            return self.dispatch(loaded, kernel.name, dims, values, reads, writes, after)
+    _check_grid = blocks
 
-    def dispatch(self, loaded: LoadedCudaKernel, label: str, dims: tuple, values: Sequence[Any],
-                 reads: list, writes: list, after: list, *, keep: list = (), cleanup: list = (),
-                 lane: Any = None) -> Any:
-        """Submit one kernel launch with its dependencies (under the runtime lock)."""
-        deps = ordering.dependencies(reads, writes, after) if (reads or writes or after) else {}
-        lane = lane or self.pick_lane(deps)
+    def copy_grid(self, nbytes: int) -> tuple[int, ...]:
+        """Shader copies stride over the range (16 bytes a thread a step): at most 8,192 blocks."""
+        return (max(1, min(-(-nbytes // (16 * 256)), 8192)) * 256,)
+
+    def _submit_kernel(self, loaded: LoadedCudaKernel, label: str, grid: tuple, block: tuple, values: list,
+                       lengths: list, deps: dict, reads: list, writes: list, *,
+                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> Any:
+        """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock)."""
+        lane = self.pick_lane(deps)
         params = loaded.pack(values)
-        func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, dims
+        func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
         hot = D.HOT
         if type(hot) is D._BindingsHot:
             launch = hot.launch
@@ -250,18 +167,17 @@ class CudaDevice:
         else:
             def enqueue(stream: Any) -> int:
                 return hot.kernel(func, (gx, gy, gz), (bx, by, bz), stream, params)
-        return self.runtime.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup)
+        rt = self.runtime
+        if copy is None:
+            return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup)
+        return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy, enqueue), reads, writes,
+                         keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging)
 
-    def pick_lane(self, deps: dict) -> Lane:
-        """The compute lane of the newest live dependency on this device (stream order then
-        suffices for it), else the next compute lane round-robin."""
-        if not deps:
-            return self.compute[next(self._rr)]
-        for fut in reversed(list(deps)):
-            lane = getattr(fut, "lane", None)
-            if lane is not None and lane.device is self and lane.kind == "compute" and not fut.retired:
-                return lane
-        return self.compute[next(self._rr)]
+    def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> Any:
+        """``cuMemsetD32Async`` on a compute lane."""
+        count, ptr = buf.nbytes // 4, buf.address
+        return self.runtime.submit(self, self.pick_lane(deps), f"fill {buf.nbytes} B", deps,
+                                   lambda stream: cu.cuMemsetD32Async(ptr, word, count, stream)[0], [], [buf])
 
     # -- interop (Buffer.__cuda_array_interface__ / __dlpack__ delegate here) ------------------------
     def cuda_array_interface(self, buf: Buffer) -> dict:
@@ -277,7 +193,7 @@ class CudaDevice:
         return (KDL_CUDA, self.index)
 
     # -- shutdown ------------------------------------------------------------------------------
-    def destroy(self) -> None:
+    def _destroy(self) -> None:
         self.make_current()
         cu.cuCtxSynchronize()
         for lane in self.lanes:

@@ -16,12 +16,13 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ..errors import GPUError
+from ..errors import CudaError, GPUError  # noqa: F401 - CudaError is re-exported for the backend
 
 SUCCESS = 0
 NOT_READY = int(cu.CUresult.CUDA_ERROR_NOT_READY)
 ALREADY_REGISTERED = int(cu.CUresult.CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
 PEER_ALREADY_ENABLED = int(cu.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+OUT_OF_MEMORY = int(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)
 
 A = cu.CUdevice_attribute
 EVENT_DISABLE_TIMING = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
@@ -39,10 +40,6 @@ STICKY = {int(getattr(cu.CUresult, n)) for n in (
     "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
     "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT", "CUDA_ERROR_LAUNCH_TIMEOUT",
     "CUDA_ERROR_ECC_UNCORRECTABLE", "CUDA_ERROR_CONTEXT_IS_DESTROYED") if hasattr(cu.CUresult, n)}
-
-
-class CudaError(GPUError):
-    """A CUDA driver call failed; ``status`` is the CUresult."""
 
 
 def error_name(code: Any) -> str:

@@ -18,7 +18,7 @@ import itertools
 from typing import Any, Mapping
 
 
-from .. import ordering
+from ..device import check_args
 from ..graph import GraphExec, GraphNode
 from ..memory import Buffer
 from . import driver as D
@@ -28,40 +28,27 @@ from .streams import Lane
 _ids = itertools.count()
 
 
-class CudaGraphExec:
+class CudaGraphExec(GraphExec):
     """An instantiated graph on CUDA. ``launch()`` replays it and returns one GPUFuture."""
 
-    _check_patches = GraphExec._check_patches
-    _buffers = GraphExec._buffers
-
     def __init__(self, graph: Any):
-        self.graph = graph
-        self.runtime = rt = graph.runtime
-        self.nodes = list(graph.nodes)
-        self.replays = 0
+        super().__init__(graph)
         self._pins: list = []
         self._keep: list = []
         self.exec = self.cugraph = self.lane = None
-        with rt.lock:
-            rt.check_open()
-            try:
-                self._build()
-            except BaseException:
-                self.destroy()
-                raise
+        try:
+            self._build()             # (under the runtime lock: Runtime.instantiate)
+        except BaseException:
+            self.destroy()
+            raise
 
     def _device(self) -> Any:
         for node in self.nodes:
             if node.kind == "launch":
                 return node.op["device"]
             if node.kind == "copy":
-                return self._copy_device(node)
+                return self.copy_device(node)
         return self.runtime.devices[0]
-
-    @staticmethod
-    def _copy_device(node: GraphNode) -> Any:
-        src, dst = node.op["src"], node.op["dst"]
-        return src.device if isinstance(src, Buffer) else dst.device
 
     def _build(self) -> None:
         rt = self.runtime
@@ -76,13 +63,13 @@ class CudaGraphExec:
             deps = [self.cu_nodes[d] for d in node.deps]
             if node.kind == "launch":
                 dev, kernel = node.op["device"], node.op["kernel"]
-                values, _, _ = dev._check_args(kernel, node.op["args"])
+                values, _, _ = check_args(dev, kernel, node.op["args"])
                 state = (tuple(values), *dev.blocks(node.op["grid"], node.op["block"]))
                 params = self._kernel_params(dev, kernel, state)
                 h = D.check(cu.cuGraphAddKernelNode(g, deps, len(deps), params), "cuGraphAddKernelNode")
                 self.current[node] = self.original[node] = state
             elif node.kind == "copy":
-                dev = self._copy_device(node)
+                dev = self.copy_device(node)
                 h = D.check(cu.cuGraphAddMemcpyNode(g, deps, len(deps), self._memcpy_params(node), dev.ctx),
                             "cuGraphAddMemcpyNode")
             else:
@@ -131,29 +118,17 @@ class CudaGraphExec:
         return ptr
 
     # -- replay ----------------------------------------------------------------------------------
-    def launch(self, args: Mapping[GraphNode, tuple] | None = None, *,
-               grid: Mapping[GraphNode, Any] | None = None,
-               block: Mapping[GraphNode, Any] | None = None) -> Any:
-        """Replay the graph; one GPUFuture for the whole replay. Patches apply to this replay
-        only and are checked before anything is submitted."""
-        rt = self.runtime
-        patches = self._check_patches(args or {}, grid or {}, block or {})
-        wanted = {}
-        for node, p in patches.items():
-            dims = node.op["device"].blocks(p["grid"], p["block"])   # ValueError if too big
-            wanted[node] = (tuple(p["values"]), *dims)
-        with rt.lock:
-            rt.check_open()
-            if self.exec is None:
-                raise ValueError("this graph executable was destroyed")
-            return self._replay(patches, wanted)
+    def home_device(self) -> Any:
+        return self.device
 
-    def _replay(self, patches: dict, wanted: dict) -> Any:
+    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> Any:
+        """``cuGraphLaunch`` on the executable's own lane (replays run in launch order), with
+        kernel-node patches applied just before it and undone before an unpatched replay."""
         rt = self.runtime
-        reads, writes, keep = self._buffers(patches)
-        deps = ordering.dependencies(reads, writes, [])
-        label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
-        self.replays += 1
+        if self.exec is None:
+            raise ValueError("this graph executable was destroyed")
+        wanted = {node: (tuple(p["values"]), *node.op["device"].blocks(p["grid"], p["block"]))
+                  for node, p in patches.items()}
 
         def enqueue(stream: Any) -> int:
             for node, orig in self.original.items():

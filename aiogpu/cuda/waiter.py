@@ -41,7 +41,6 @@ import itertools
 import time
 from typing import Any, Callable
 
-from .. import _loops
 from ..errors import GPUError
 from ..futures import (DONE, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
                        submission_scope)
@@ -59,15 +58,13 @@ LEARN_MIN_BYTES = 1 << 20
 class CudaFuture(GPUFuture):
     """A GPUFuture backed by an event recorded on a lane (see the module doc)."""
 
-    __slots__ = ("lane", "ticket", "event", "on_complete", "nbytes", "staging", "host_deps")
+    __slots__ = ("ticket", "event", "on_complete", "staging", "host_deps")
 
     def __init__(self, hub: "CudaHub", label: str = ""):
         super().__init__(hub, label)
-        self.lane: Any = None
         self.ticket = 0
         self.event: Any = None
         self.on_complete: list[Callable[[], None]] | None = None
-        self.nbytes = 0                # bytes moved (copies): predicts how long it takes
         self.staging: Any = None       # bounce block of a device-to-host copy
         self.host_deps: list | None = None   # earlier work whose host steps must run first
         self.retired = False
@@ -88,35 +85,6 @@ class CudaFuture(GPUFuture):
     def exception(self) -> BaseException | None:
         self.done()
         return super().exception()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self.done():
-            self._hub.arm(self)
-        return super().wait(timeout)
-
-    def add_done_callback(self, fn: Callable[[GPUFuture], Any]) -> None:
-        if self._state == PENDING:
-            self._hub.arm(self)
-        super().add_done_callback(fn)
-
-    def __await__(self):
-        if self._state == PENDING:
-            port = _loops.current_port()
-            if port is None:
-                raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
-                                   "use .wait() in synchronous code")
-            hub = self._hub
-            if hub.spin_s > 0 and isinstance(port, _loops.AsyncioPort):
-                ahead = self._predicted_wait()
-                if ahead > PRESLEEP_MIN_S:      # a long copy: let the loop sleep until near its end
-                    yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
-                yield from hub.spin(self, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0)
-            if self._state == PENDING:
-                hub.arm(self)
-                yield from port.wait(lambda a: self._register(port, a),
-                                     lambda a: self._unregister(port, a))
-                self._learn()
-        return self.result()
 
     def _predicted_wait(self) -> float:
         """Seconds until a copy of ``nbytes`` should complete at its lane's learned rate."""
@@ -192,6 +160,20 @@ class CudaHub(FutureHub):
         return fut.event is not None and D.HOT.query(fut.event) != D.NOT_READY
 
     # -- the spin ----------------------------------------------------------------------------------
+    def spin_await(self, fut: CudaFuture):
+        """A long copy first lets the loop sleep until near its predicted end; then the spin."""
+        ahead = fut._predicted_wait()
+        if ahead > PRESLEEP_MIN_S:
+            yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
+        yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0)
+
+    def parked_done(self, fut: CudaFuture) -> None:
+        fut._learn()
+
+    def poll(self) -> None:
+        if not self._stop:
+            self.scan()
+
     def spin(self, fut: CudaFuture, at_least: float = 0.0):
         """Poll ``fut``'s completion on the loop for up to its lane's adaptive window (or
         ``at_least`` seconds), yielding in between. With a completion word a poll is one memory

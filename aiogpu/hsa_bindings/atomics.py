@@ -14,13 +14,16 @@ RELAXED, ACQUIRE, RELEASE, ACQ_REL, SEQ_CST = 0, 2, 3, 4, 5
 
 
 def _load_libatomic() -> ctypes.CDLL | None:
-    for name in ("libatomic.so.1", ctypes.util.find_library("atomic")):
-        if name:
-            try:
-                return ctypes.CDLL(name)
-            except OSError:
-                continue
-    return None
+    try:
+        return ctypes.CDLL("libatomic.so.1")
+    except OSError:
+        pass
+    # Only now ask ctypes to search (find_library runs ``ldconfig -p``: a process per call).
+    name = ctypes.util.find_library("atomic")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
 
 
 _lib = _load_libatomic()

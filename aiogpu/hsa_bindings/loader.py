@@ -12,23 +12,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import BackendUnavailable, HsaError
 from . import types as T
 from .prototypes import OPTIONAL, PROTOTYPES
 
 LIBRARY_NAMES = ("libhsa-runtime64.so.1", "libhsa-runtime64.so")
 BACKENDS = ("hsa", "emulator")
-
-
-class HsaError(RuntimeError):
-    """An HSA call returned an error status."""
-
-    def __init__(self, status: int, what: str):
-        self.status = status
-        super().__init__(f"{what} failed: {T.status_name(status)} (0x{status:x})")
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend that was asked for by name cannot run here."""
 
 
 @dataclass
@@ -54,7 +43,7 @@ class HsaApi:
 
     def check(self, status: int, what: str) -> None:
         if status != T.HSA_STATUS_SUCCESS:
-            raise HsaError(status, what)
+            raise HsaError(f"{what} failed: {T.status_name(status)} (0x{status:x})", status=status)
 
     def shut_down(self) -> None:
         self.hsa_shut_down()
@@ -153,11 +142,17 @@ def try_real() -> tuple[HsaApi | None, str]:
 
 
 def make_emulator(reason: str, *, gpus: int | None = None, **options: Any) -> HsaApi:
-    """A fresh in-process emulator with ``gpus`` GPU agents (default AIOGPU_EMULATOR_GPUS or 2)."""
+    """A fresh in-process emulator with ``gpus`` GPU agents (default AIOGPU_EMULATOR_GPUS or 2).
+
+    Raises ValueError naming AIOGPU_EMULATOR_GPUS when that variable is not a whole number."""
     from .emulator import EmulatedLibrary  # the one place the emulator enters
 
     if gpus is None:
-        gpus = int(os.environ.get("AIOGPU_EMULATOR_GPUS", "2"))
+        raw = os.environ.get("AIOGPU_EMULATOR_GPUS", "2")
+        try:
+            gpus = int(raw)
+        except ValueError:
+            raise ValueError(f"AIOGPU_EMULATOR_GPUS must be a whole number of GPUs, got {raw!r}") from None
     impl = EmulatedLibrary(gpus=gpus, **options)
     funcs, keep, missing = bind_python(impl)
     api = _make_api("emulator", reason, impl, funcs, missing, keep)
@@ -165,19 +160,23 @@ def make_emulator(reason: str, *, gpus: int | None = None, **options: Any) -> Hs
     return api
 
 
-def load(backend: str | None = None, **emulator_options: Any) -> HsaApi:
-    """The HSA API for ``backend`` (``hsa``, ``emulator`` or None for auto; env AIOGPU_BACKEND).
+HSA_FIX = ("needs an AMD GPU with the ROCm driver and ROCr installed (Debian package libhsa-runtime64-1); "
+           "use the emulator backend where there is none")
 
-    Forcing ``hsa`` where no GPU answers raises BackendUnavailable rather than falling back.
+
+def load(backend: str, reason: str = "", **emulator_options: Any) -> HsaApi:
+    """The HSA API of ``backend``: ``"hsa"`` (the real ROCr library) or ``"emulator"``.
+
+    Raises BackendUnavailable for ``"hsa"`` where ROCr does not answer with a GPU (never a
+    silent fallback: the caller chose). ``reason`` says why this backend was chosen.
     """
-    backend = backend or os.environ.get("AIOGPU_BACKEND") or None
-    if backend not in (None, "auto", *BACKENDS):
+    if backend not in BACKENDS:
         raise ValueError(f"unknown HSA backend {backend!r}; expected one of {BACKENDS}")
     if backend == "emulator":
-        return make_emulator("emulator requested", **emulator_options)
+        return make_emulator(reason or "emulator requested", **emulator_options)
     api, why = try_real()
-    if api is not None:
-        return api
-    if backend == "hsa":
-        raise BackendUnavailable(f"AIOGPU_BACKEND=hsa but the HSA runtime is unusable: {why}")
-    return make_emulator(f"no usable GPU ({why}); using the emulator", **emulator_options)
+    if api is None:
+        raise BackendUnavailable("hsa", why, HSA_FIX)
+    if reason:
+        api.reason = f"{reason}; {api.reason}"
+    return api

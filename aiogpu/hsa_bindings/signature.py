@@ -1,4 +1,4 @@
-"""Kernel signatures (``"f32*, const f32*, f32, u32"``) and the kernarg layout they imply.
+"""The kernarg layout a kernel signature implies on HSA, and packing to and from it.
 
 Shared by the runtime, which writes kernargs, and the emulator, which reads them back: explicit
 arguments at their natural C alignment, then, for emulated kernels only, one hidden ``u64`` per
@@ -13,54 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCALARS = {
-    "f32": np.float32, "f64": np.float64,
-    "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
-    "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
-}
-DTYPES = {name: np.dtype(t) for name, t in SCALARS.items()}
-POINTER_SIZE = 8
+from ..signature import Arg, parse_signature  # noqa: F401 - re-exported for the emulator
+
 KERNARG_ALIGN = 16
-
-
-@dataclass(frozen=True)
-class Arg:
-    """One parameter: a scalar, or a pointer to ``dtype`` (``const`` when read-only)."""
-
-    type_name: str
-    pointer: bool
-    const: bool = False
-
-    @property
-    def dtype(self) -> np.dtype:
-        return DTYPES[self.type_name]
-
-    @property
-    def size(self) -> int:
-        return POINTER_SIZE if self.pointer else self.dtype.itemsize
-
-    def __str__(self) -> str:
-        return ("const " if self.const else "") + self.type_name + ("*" if self.pointer else "")
-
-
-def parse_signature(text: str) -> tuple[Arg, ...]:
-    """Parse a comma-separated signature; raises ValueError naming the bad part."""
-    if not isinstance(text, str):
-        raise TypeError(f"kernel signature must be a string, not {type(text).__name__}")
-    args = []
-    for i, raw in enumerate(p.strip() for p in text.split(",")):
-        if not raw and text.strip() == "":
-            return ()
-        words = raw.replace("*", " * ").split()
-        const = bool(words) and words[0] == "const"
-        words = words[1:] if const else words
-        pointer = words[-1:] == ["*"]
-        words = words[:-1] if pointer else words
-        if len(words) != 1 or words[0] not in SCALARS or (const and not pointer):
-            raise ValueError(f"bad kernel argument type {raw!r} at position {i}: expected one of "
-                             f"{', '.join(SCALARS)}, 'T*' or 'const T*'")
-        args.append(Arg(words[0], pointer, const))
-    return tuple(args)
 
 
 def _align(offset: int, alignment: int) -> int:

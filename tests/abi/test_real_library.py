@@ -19,6 +19,7 @@ HSA_STATUS_ERROR_OUT_OF_RESOURCES = 0x1008
 # Runs first in every subprocess: the library opened the loader's way, typed by bind_library.
 PRELUDE = f"""
 import ctypes, json
+import aiogpu
 from aiogpu.hsa_bindings import loader, prototypes, types as T
 lib = ctypes.CDLL({str(LIBRARY)!r}, mode=ctypes.RTLD_GLOBAL)
 def out(**result): print(json.dumps(result))
@@ -90,16 +91,22 @@ def test_try_real_gives_the_status_as_reason():
 
 
 @needs_no_gpu
-def test_load_auto_falls_back_to_the_emulator_with_the_reason():
-    """Needs aiogpu/hsa_bindings/emulator (EmulatedLibrary); fails, not skips, until it exists."""
+def test_auto_choice_falls_back_to_the_emulator_with_the_reason():
+    """With ROCr installed but no GPU (hsa_init: 0x1008), auto-selection picks the emulator and
+    says why (CUDA is left out: the emulator is what answers after both)."""
     got = in_subprocess("""
-api = loader.load(None)
-result = dict(backend=api.backend, reason=api.reason, missing=list(api.missing))
-api.shut_down()
-out(**result)
+from aiogpu.runtime import backend_class, choose_backend
+ok, why_hsa = backend_class("hsa").probe()
+name, reason = choose_backend(None)
+rt = aiogpu.Runtime("emulator") if name == "emulator" else None
+out(ok=ok, backend=name, reason=reason, rt_backend=rt.backend if rt else None)
+rt and rt.close()
 """)
-    assert got["backend"] == "emulator", got
-    assert "0x1008" in got["reason"] and "emulator" in got["reason"], got["reason"]
+    assert got["ok"] is False
+    assert got["backend"] in ("emulator", "cuda"), got
+    assert "0x1008" in got["reason"], got["reason"]
+    if got["backend"] == "emulator":
+        assert "emulator" in got["reason"] and got["rt_backend"] == "emulator", got
 
 
 @needs_no_gpu
@@ -107,7 +114,7 @@ def test_load_hsa_raises_backend_unavailable():
     got = in_subprocess("""
 try:
     api = loader.load("hsa")
-except loader.BackendUnavailable as exc:
+except aiogpu.BackendUnavailable as exc:
     out(raised=True, message=str(exc))
 else:
     out(raised=False, backend=api.backend)

@@ -1,0 +1,119 @@
+"""One HSA GPU agent: its memory pool, AQL compute queues, SDMA engines, kernel dispatches."""
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ..device import Device
+from ..futures import GPUFuture
+from ..hsa_bindings import packets as P
+from ..hsa_bindings import types as T
+from ..kernels import Kernel
+from ..queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
+from .kernels import LoadedKernel, load_kernel, pack_args
+
+if TYPE_CHECKING:
+    from .runtime import HsaRuntime
+
+
+class HsaDevice(Device):
+    """An HSA GPU agent: compute lanes are AQL queues, copies run on its SDMA engines."""
+
+    def __init__(self, runtime: "HsaRuntime", index: int, agent: Any, pool: Any, *, queues: int,
+                 ring: int):
+        self.agent, self._pool, self._api = agent, pool, runtime.api
+        super().__init__(runtime, index, runtime.agent_name(agent))
+        self.queues = [AqlQueue(runtime.api, runtime.hub, agent, f"{self.name}.q{i}", size=ring,
+                                kernarg=KernargRing(*runtime.kernarg_block(agent)))
+                       for i in range(queues)]
+        for queue in self.queues:          # lanes in the core's sense
+            queue.device, queue.kind = self, "compute"
+        self._set_compute_lanes(self.queues)
+        self.engines = CopyEngines(runtime.api, agent, self.name)
+
+    # -- hooks: memory -------------------------------------------------------------------------
+    def _raw_alloc(self, size: int) -> int:
+        """``size`` bytes of the agent's coarse-grained pool, visible to every GPU agent (peer
+        access). OutOfMemoryError when the pool has no room."""
+        api, out = self._api, ctypes.c_void_p()
+        status = api.hsa_amd_memory_pool_allocate(self._pool, size, 0, ctypes.byref(out))
+        if status in (T.HSA_STATUS_ERROR_OUT_OF_RESOURCES, T.HSA_STATUS_ERROR_INVALID_ALLOCATION):
+            raise self.out_of_memory(size, self._pool_size(), status)
+        api.check(status, f"hsa_amd_memory_pool_allocate({size})")
+        agents = self.runtime.gpu_agents()
+        arr = (T.hsa_agent_t * len(agents))(*agents)
+        api.check(api.hsa_amd_agents_allow_access(len(agents), arr, None, out.value),
+                  "hsa_amd_agents_allow_access")
+        return out.value
+
+    def _raw_free(self, address: int) -> None:
+        self._api.hsa_amd_memory_pool_free(address)
+
+    def _pool_size(self) -> int | None:
+        size = ctypes.c_size_t()
+        status = self._api.hsa_amd_memory_pool_get_info(self._pool, T.HSA_AMD_MEMORY_POOL_INFO_SIZE,
+                                                        ctypes.byref(size))
+        return size.value if status == 0 else None
+
+    # -- hooks: kernels ------------------------------------------------------------------------
+    def _load(self, kernel: Kernel) -> LoadedKernel:
+        return load_kernel(self._api, self.agent, kernel, self.isa)
+
+    def _submit_kernel(self, loaded: LoadedKernel, label: str, grid: tuple, block: tuple, values: list,
+                       lengths: list, deps: dict, reads: list, writes: list, *,
+                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> GPUFuture:
+        """One dispatch packet, after barrier-AND packets for dependencies on other queues and
+        engines (the barrier bit for one on the same queue)."""
+        hub = self.runtime.hub
+        queue = self.pick_lane(deps)
+        fut = hub.new_future(label)
+        fut.device, fut.kind, fut.lane = self, "dispatch", queue
+        packets, barrier = self._wait_packets(fut, queue, deps)
+        pkt = P.hsa_kernel_dispatch_packet_t()
+        dims = len(grid)
+        grid3, block3 = tuple(grid) + (1,) * (3 - dims), tuple(block) + (1,) * (3 - dims)
+        pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z = block3
+        pkt.grid_size_x, pkt.grid_size_y, pkt.grid_size_z = grid3
+        pkt.private_segment_size = loaded.private_segment_size
+        pkt.group_segment_size = loaded.group_segment_size
+        pkt.kernel_object = loaded.kernel_object
+        pkt.completion_signal.handle = fut.signal
+        kernarg = pack_args(loaded, values, lengths)
+        header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
+        packets.append((pkt, header | dims << 16))
+        self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg)
+        return fut
+
+    def submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
+                     deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"") -> None:
+        """Track ``fut`` on ``queue`` and hand it its packets (published now, or back-logged
+        until the ring has room)."""
+        self.track_on(fut, queue, reads, writes, deps, keep, cleanup)
+        queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg))
+
+    def track_on(self, fut: GPUFuture, queue: AqlQueue, reads: Iterable, writes: Iterable, deps: Iterable,
+                 keep: Iterable = (), cleanup: Iterable = ()) -> None:
+        """The core's bookkeeping for ``fut``, plus the queue's own when it retires."""
+        self.runtime.track(fut, reads, writes, deps, keep, [*cleanup, lambda: queue.retired(fut)])
+
+    def _wait_packets(self, fut: GPUFuture, queue: AqlQueue, deps: dict) -> tuple[list, bool]:
+        """Barrier-AND packets for dependencies on other queues/engines/devices, and whether the
+        first packet needs the barrier bit (a dependency earlier in the same queue)."""
+        hub, barrier, signals = self.runtime.hub, False, []
+        for dep, semantic in deps.items():
+            if dep.retired:
+                continue
+            if dep.queue == queue.name:
+                barrier = True
+                if semantic:
+                    dep._dependents.append(fut)
+            else:
+                hub.depend(fut, dep, semantic=semantic)
+                signals.append(dep.signal)
+        packets = barrier_and_packets(signals, barrier=barrier) if signals else []
+        return packets, barrier
+
+    def _destroy(self) -> None:
+        for queue in self.queues:
+            queue.destroy()
+        self.memory.destroy()

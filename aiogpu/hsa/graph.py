@@ -1,0 +1,317 @@
+"""Graphs on HSA: replays as prebuilt AQL packet lists.
+
+At instantiation each node gets a lane (a compute queue, or an SDMA engine for copies while one
+is free) and each queue's packets are built once, with kernargs in memory the graph owns. A
+replay publishes each queue's list (every body, then every header in order), issues SDMA copies
+with their dependency signals, and joins the queues' tails with a barrier-AND whose signal is the
+replay's future. Every replay takes fresh signals, so none can reset a signal an earlier replay
+may still read.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import struct
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..device import check_args
+from ..futures import GPUFuture
+from ..graph import Graph, GraphExec, GraphNode
+from ..hsa_bindings import packets as P
+from ..kernels import copy_kernel
+from ..memory import Buffer
+from ..queues import PacketGroup, barrier_and_packets
+from .device import HsaDevice as Device
+from .kernels import pack_args
+
+COMPLETION_OFFSET = P.hsa_kernel_dispatch_packet_t.completion_signal.offset
+DEP_OFFSET = P.hsa_barrier_and_packet_t.dep_signal.offset
+GRID_OFFSET = P.hsa_kernel_dispatch_packet_t.workgroup_size_x.offset
+
+
+@dataclass
+class _Lane:
+    """One compute queue's share of a graph: prebuilt packets and where to patch them."""
+
+    queue: Any
+    device: Device
+    blob: bytearray = field(default_factory=bytearray)
+    headers: list = field(default_factory=list)
+    completions: list = field(default_factory=list)   # (packet index, node) completed there
+    waits: list = field(default_factory=list)         # (packet index, slot, node) waited on
+    dispatch_at: dict = field(default_factory=dict)   # node -> packet index of its dispatch
+
+    def add(self, pkt: Any, header: int) -> int:
+        self.blob += bytes(pkt)
+        self.headers.append(header)
+        return len(self.headers) - 1
+
+
+class HsaGraphExec(GraphExec):
+    """An instantiated graph on HSA: per-queue prebuilt packets (see the module doc)."""
+
+    def __init__(self, graph: Graph):
+        super().__init__(graph)
+        self._last: GPUFuture | None = None
+        self._prepare_host_memory()       # (under the runtime lock: Runtime.instantiate)
+        self._plan_lanes()
+        self._build()
+
+    # -- instantiation ---------------------------------------------------------------------------
+    def _prepare_host_memory(self) -> None:
+        """Host arrays that copies read or write stay locked for the executable's life."""
+        rt, pins = self.runtime, []
+        for node in self.nodes:
+            if node.kind == "copy":
+                for side in ("dst", "src"):
+                    arr = node.op[side]
+                    if isinstance(arr, np.ndarray):
+                        addr = arr.__array_interface__["data"][0]
+                        node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes)
+                        pins.append((addr, arr.nbytes))
+        self._host_pins = pins
+        weakref.finalize(self, _unlock_all, rt, pins)
+
+    def _plan_lanes(self) -> None:
+        """Each node gets a lane: a compute queue (launches, gathers, shader copies) or an SDMA
+        engine (copies while one is free at instantiation)."""
+        self.lane_of: dict[GraphNode, Any] = {}
+        self.engine_of: dict[GraphNode, int] = {}
+        rr = itertools.count()
+        for node in self.nodes:
+            if node.kind == "copy":
+                dev = self.copy_device(node)
+                src_agent, dst_agent = self._copy_agents(node)
+                engine = dev.engines.pick(dst_agent, src_agent)
+                if engine is not None:
+                    self.engine_of[node] = engine
+                    self.lane_of[node] = ("sdma", dev)
+                    continue
+                node.kind = "shader-copy"
+            dev = self._node_device(node)
+            same = [self.lane_of[d] for d in node.deps
+                    if isinstance(self.lane_of[d], _QueueRef) and self.lane_of[d].device is dev]
+            queue = same[-1].queue if same else dev.queues[next(rr) % len(dev.queues)]
+            self.lane_of[node] = _QueueRef(dev, queue)
+
+    def _node_device(self, node: GraphNode) -> Device:
+        if node.kind == "launch":
+            return node.op["device"]
+        if node.kind == "shader-copy":
+            return self.copy_device(node)
+        devs = [self._node_device(d) if not isinstance(self.lane_of.get(d), tuple) else self.lane_of[d][1]
+                for d in node.deps]
+        return devs[0] if devs else self.runtime.devices[0]
+
+    def _copy_agents(self, node: GraphNode) -> tuple[Any, Any]:
+        cpu = self.runtime._cpu
+        side = lambda s: s.device.agent if isinstance(s, Buffer) else cpu  # noqa: E731
+        return side(node.op["src"]), side(node.op["dst"])
+
+    def _build(self) -> None:
+        """Prebuilt packets per lane; kernargs of every launch in graph-owned memory."""
+        self.lanes: dict[str, _Lane] = {}
+        self.signaled: set[GraphNode] = {n for n in self.nodes if n in self.engine_of}
+        for node in self.nodes:
+            for dep in node.deps:
+                if self._lane_key(dep) != self._lane_key(node) or node in self.engine_of:
+                    self.signaled.add(dep)
+        self._kernarg_blocks = []
+        for node in self.nodes:
+            if node in self.engine_of:
+                continue
+            ref = self.lane_of[node]
+            lane = self.lanes.get(ref.queue.name)
+            if lane is None:
+                lane = self.lanes[ref.queue.name] = _Lane(ref.queue, ref.device)
+            self._emit(lane, node)
+
+    def _lane_key(self, node: GraphNode) -> Any:
+        ref = self.lane_of[node]
+        return ("sdma", id(node)) if isinstance(ref, tuple) else ref.queue.name
+
+    def _emit(self, lane: _Lane, node: GraphNode) -> None:
+        same = any(self._lane_key(d) == lane.queue.name for d in node.deps)
+        cross = [d for d in node.deps if self._lane_key(d) != lane.queue.name]
+        barrier = same
+        if cross:
+            for j, (pkt, header) in enumerate(barrier_and_packets([0] * len(cross), barrier=barrier)):
+                i = lane.add(pkt, header)
+                for slot, dep in enumerate(cross[j * P.BARRIER_MAX_DEPS:(j + 1) * P.BARRIER_MAX_DEPS]):
+                    lane.waits.append((i, slot, dep))
+            barrier = False
+        if node.kind == "gather":
+            pkt, header = barrier_and_packets([], barrier=barrier)[0]
+            i = lane.add(pkt, header)
+        else:
+            pkt, word = self._dispatch_packet(lane.device, node, barrier)
+            i = lane.add(pkt, word)
+            lane.dispatch_at[node] = i
+        if node in self.signaled:
+            lane.completions.append((i, node))
+
+    def _dispatch_packet(self, device: Device, node: GraphNode, barrier: bool) -> tuple[Any, int]:
+        kernel, grid, block, values, lengths = self._dispatch_args(device, node, node.op.get("args"))
+        loaded = device.loaded(kernel)
+        data = pack_args(loaded, values, lengths)
+        address = self._graph_kernarg(device, data)
+        pkt = P.hsa_kernel_dispatch_packet_t()
+        dims = len(grid)
+        pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z = tuple(block) + (1,) * (3 - dims)
+        pkt.grid_size_x, pkt.grid_size_y, pkt.grid_size_z = tuple(grid) + (1,) * (3 - dims)
+        pkt.private_segment_size = loaded.private_segment_size
+        pkt.group_segment_size = loaded.group_segment_size
+        pkt.kernel_object = loaded.kernel_object
+        pkt.kernarg_address = address
+        header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier)
+        return pkt, header | dims << 16
+
+    def _dispatch_args(self, device: Device, node: GraphNode, args: Any) -> tuple:
+        if node.kind == "launch":
+            kernel = node.op["kernel"]
+            values, lengths, _ = check_args(device, kernel, args)
+            return kernel, node.op["grid"], node.op["block"], values, lengths
+        src, dst = node.op["src"], node.op["dst"]
+        n = dst.nbytes
+        ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
+        return copy_kernel, (max(n, 1),), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
+
+    def _graph_kernarg(self, device: Device, data: bytes) -> int:
+        address, size = self.runtime.kernarg_block(device.agent) if not self._kernarg_blocks or \
+            self._kernarg_room < len(data) else (None, None)
+        if address is not None:
+            self._kernarg_blocks.append(address)
+            self._kernarg_next, self._kernarg_room = address, size
+        address = self._kernarg_next
+        ctypes.memmove(address, data, len(data))
+        step = (len(data) + 63) // 64 * 64
+        self._kernarg_next += step
+        self._kernarg_room -= step
+        return address
+
+    def home_device(self) -> Device:
+        return next(iter(self.lanes.values())).device if self.lanes else self.runtime.devices[0]
+
+    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> GPUFuture:
+        hub = self.runtime.hub
+        if self._last is not None and not self._last.retired:
+            deps.setdefault(self._last, False)       # replays run in launch order
+        head = [d for d in deps if not d.retired]
+        node_futs = {n: hub.new_future(f"{n.label} (replay {self.replays})") for n in self.signaled}
+        parts = []
+        for lane in self.lanes.values():
+            parts.append(self._submit_lane(lane, node_futs, head, deps, patches))
+        for node, engine in self.engine_of.items():
+            parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
+        replay = hub.new_future(label)
+        replay.kind = "graph"
+        first_dev = self.home_device()
+        replay.device = first_dev
+        for part in parts:
+            hub.depend(replay, part)
+        packets = barrier_and_packets([p.signal for p in parts], replay.signal)
+        # The replay's own future may retire (fail with its queue) before its parts stop running:
+        # they are its predecessors, so later writers of its memory then wait for them.
+        first_dev.track_on(replay, first_dev.queues[0], reads, writes,
+                           head + parts + list(node_futs.values()), keep + [self])
+        first_dev.queues[0].submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], replay))
+        self._last = replay
+        return replay
+
+    def _submit_lane(self, lane: _Lane, node_futs: dict, head: list, deps: dict, patches: dict) -> GPUFuture:
+        hub = self.runtime.hub
+        blob = bytearray(lane.blob)
+        for i, node in lane.completions:
+            struct.pack_into("<Q", blob, i * 64 + COMPLETION_OFFSET, node_futs[node].signal)
+        kernargs = {}
+        for node, p in patches.items():
+            i = lane.dispatch_at.get(node)
+            if i is None:
+                continue
+            loaded = lane.device.loaded(node.op["kernel"])
+            kernargs[i] = pack_args(loaded, p["values"], p["lengths"])
+            g3 = tuple(p["grid"]) + (1,) * (3 - len(p["grid"]))
+            b3 = tuple(p["block"]) + (1,) * (3 - len(p["block"]))
+            struct.pack_into("<HHHHIII", blob, i * 64 + GRID_OFFSET, *b3, 0, *g3)
+        headers = list(lane.headers)
+        for node, p in patches.items():
+            i = lane.dispatch_at.get(node)
+            if i is not None:
+                headers[i] = (headers[i] & 0xFFFF) | len(p["grid"]) << 16
+        segment = hub.new_future(f"graph lane {lane.queue.name} (replay {self.replays})")
+        segment.device, segment.kind = lane.device, "graph"
+        waits = []
+        for i, slot, dep in lane.waits:
+            fut = node_futs[dep]
+            struct.pack_into("<Q", blob, i * 64 + DEP_OFFSET + 8 * slot, fut.signal)
+            waits.append(fut)
+        for fut in waits:
+            hub.depend(segment, fut)
+        for d in head:
+            hub.depend(segment, d, semantic=deps[d])
+        pre = barrier_and_packets([d.signal for d in head]) if head else []
+        tail, tail_header = barrier_and_packets([], segment.signal, barrier=True)[0]
+        blob = bytearray(b"".join(bytes(p) for p, _ in pre)) + blob + bytearray(bytes(tail))
+        headers = [h for _, h in pre] + headers + [tail_header]
+        offset = len(pre)
+        marks = [(node_futs[n], offset + i) for i, n in lane.completions]
+        kernargs = {offset + i: data for i, data in kernargs.items()}
+        for fut, _ in marks:
+            fut.device, fut.kind = lane.device, "dispatch"
+            fut.preds.extend(head + waits)     # a node is ordered after the lane's waits
+        lane.device.track_on(segment, lane.queue, [], [], head + waits)
+        lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs))
+        for fut, _ in marks:      # node futures retire with their lane
+            fut._cleanup.append(lambda q=lane.queue, f=fut: q.inflight.pop(f, None))
+        return segment
+
+    def _submit_sdma(self, node: GraphNode, engine: int, node_futs: dict, head: list, deps: dict) -> GPUFuture:
+        hub = self.runtime.hub
+        fut = node_futs[node]
+        dev = self.copy_device(node)
+        fut.device, fut.kind, fut.nbytes = dev, "copy", node.op["dst"].nbytes
+        src, dst = node.op["src"], node.op["dst"]
+        ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
+        src_agent, dst_agent = self._copy_agents(node)
+        for d, semantic in node.deps.items():
+            hub.depend(fut, node_futs[d], semantic=semantic)
+        for d in head:
+            hub.depend(fut, d, semantic=deps[d])
+        waits = [node_futs[d] for d in node.deps] + head
+        fut.preds.extend(waits)
+        name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent, dst.nbytes,
+                                  [w.signal for w in waits], fut.signal)
+        if name is None:
+            name = self._fallback_copy(node, fut, dev, waits)
+        fut.queue = name
+        return fut
+
+    def _fallback_copy(self, node: GraphNode, fut: GPUFuture, dev: Device, waits: list) -> str:
+        """The engine chosen at instantiation ran out: this replay copies with a shader."""
+        queue = dev.queues[0]
+        packets = barrier_and_packets([w.signal for w in waits]) if waits else []
+        pkt, word = self._dispatch_packet(dev, node, False)
+        pkt.completion_signal.handle = fut.signal
+        group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut)
+        dev.track_on(fut, queue, [], [], [])
+        queue.submit(group)
+        return queue.name
+
+
+class _QueueRef:
+    __slots__ = ("device", "queue")
+
+    def __init__(self, device: Device, queue: Any):
+        self.device, self.queue = device, queue
+
+
+def _unlock_all(rt: Any, pins: list) -> None:
+    if rt.closed:
+        return
+    with rt.lock:
+        for addr, n in pins:
+            rt.host.unlock(addr, n)

@@ -1,0 +1,335 @@
+"""The HSA runtime: one HSA library (real ROCr or the emulator), its agents, the waiter, copies
+on SDMA engines, joins as barrier-AND packets, fault handling, and what ``info`` prints."""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import GPUError
+from ..futures import GPUFuture
+from ..hsa_bindings import loader
+from ..hsa_bindings import types as T
+from ..memory import Buffer
+from ..queues import barrier_and_packets
+from ..runtime import CopyOp, Runtime
+from ..signals import CompletionHub
+from .device import HsaDevice
+from .memory import HostLocks
+
+KERNARG_RING_BYTES = 256 << 10
+# Options that shape the emulated hardware; given to the real library they raise TypeError.
+EMULATOR_OPTIONS = frozenset({"gpus", "sdma_engines", "compute_units", "eager", "min_queue_size"})
+
+
+class HsaRuntime(Runtime):
+    """aiogpu over the HSA API: AMD GPUs through ROCr, or the in-process emulator.
+
+    Options beyond the core's: ``ring_size`` (AQL packets per queue ring), and, for the
+    emulator only, ``gpus``, ``sdma_engines`` (engines per emulated GPU), ``compute_units``,
+    ``eager`` (the packet processor reads a slot as soon as its header is valid) and
+    ``min_queue_size``.
+    """
+
+    backend = "hsa"
+    OPTIONS: ClassVar[frozenset[str]] = Runtime.OPTIONS | {"ring_size"} | EMULATOR_OPTIONS
+
+    @classmethod
+    def probe(cls) -> tuple[bool, str]:
+        api, why = loader.try_real()
+        if api is None:
+            return False, why
+        api.shut_down()
+        return True, why
+
+    @classmethod
+    def _default_choice(cls, requested: str | None) -> tuple[str, str]:
+        if requested in ("hsa", "emulator"):
+            return requested, f"{requested} requested"
+        ok, why = cls.probe()
+        return ("hsa", why) if ok else ("emulator", f"no usable GPU ({why}); using the emulator")
+
+    @classmethod
+    def check_options(cls, backend: str, options: dict) -> None:
+        super().check_options(backend, options)
+        if backend == "hsa" and EMULATOR_OPTIONS & set(options):
+            raise TypeError(f"emulator-only option(s) {', '.join(sorted(EMULATOR_OPTIONS & set(options)))} "
+                            f"given to the hsa backend (a real GPU)")
+
+    def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
+                 watchdog_s: float | None = None, copy_engines: bool = True, spin_s: float = 0.0,
+                 **emulator_options: Any):
+        _check_positive("queues_per_device", queues_per_device, int)
+        _check_positive("ring_size", ring_size, int)
+        if watchdog_s is not None:
+            _check_positive("watchdog_s", watchdog_s, (int, float))
+        name, reason = self._chosen
+        self.api = loader.load(name, reason, **emulator_options)
+        try:
+            self._init_core(CompletionHub(self.api, watchdog_s=watchdog_s, spin_s=spin_s),
+                            copy_engines=copy_engines)
+            self.reason = self.api.reason
+            self._open(queues_per_device, ring_size)
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _open(self, queues: int, ring: int) -> None:
+        self._cpu, self._gpus = self._discover_agents()
+        self._kernarg_pool, self._system_pool = self._host_pools()
+        self._kernarg_blocks: list[int] = []
+        self.host = HostLocks(self.api, self.all_agents)
+        self.memory_faults: list[dict] = []
+        self._event_cb = T.system_event_callback_t(self._on_system_event)
+        self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
+        self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
+                        for i, (agent, pool) in enumerate(self._gpus)]
+        self.hub.on_timeout = self._on_timeout
+
+    def _abandon(self) -> None:
+        """A construction that failed part-way: stop the waiter and free what exists."""
+        hub = getattr(self, "hub", None)
+        if hub is not None:
+            hub.close()
+        for dev in getattr(self, "devices", []):
+            dev._destroy()
+        if self.api.backend == "emulator":
+            self.api.hsa_shut_down()
+
+    # -- discovery -----------------------------------------------------------------------------
+    def _discover_agents(self) -> tuple[Any, list]:
+        api, agents = self.api, []
+
+        @T.agent_iterate_callback_t
+        def visit(agent, _data):
+            agents.append(T.hsa_agent_t(agent.handle))
+            return T.HSA_STATUS_SUCCESS
+
+        api.check(api.hsa_iterate_agents(visit, None), "hsa_iterate_agents")
+        cpu, gpus = None, []
+        for agent in agents:
+            kind = ctypes.c_uint32()
+            api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_DEVICE, ctypes.byref(kind))
+            if kind.value == T.HSA_DEVICE_TYPE_CPU and cpu is None:
+                cpu = agent
+            elif kind.value == T.HSA_DEVICE_TYPE_GPU:
+                pool = self._find_pool(agent, lambda flags: flags & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED)
+                gpus.append((agent, pool))
+        if cpu is None:
+            raise RuntimeError("the HSA runtime reports no CPU agent")
+        return cpu, gpus
+
+    def pools(self, agent: Any) -> list[tuple[Any, int]]:
+        """(pool, global flags) of every allocatable global pool of ``agent``."""
+        api, out = self.api, []
+
+        @T.pool_iterate_callback_t
+        def visit(pool, _data):
+            seg, flags, ok = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_bool()
+            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_SEGMENT, ctypes.byref(seg))
+            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_GLOBAL_FLAGS, ctypes.byref(flags))
+            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_RUNTIME_ALLOC_ALLOWED, ctypes.byref(ok))
+            if seg.value == T.HSA_AMD_SEGMENT_GLOBAL and ok.value:
+                out.append((T.hsa_amd_memory_pool_t(pool.handle), flags.value))
+            return T.HSA_STATUS_SUCCESS
+
+        api.check(api.hsa_amd_agent_iterate_memory_pools(agent, visit, None), "iterate memory pools")
+        return out
+
+    def _find_pool(self, agent: Any, want: Any) -> Any:
+        for pool, flags in self.pools(agent):
+            if want(flags):
+                return pool
+        raise RuntimeError(f"no suitable memory pool on agent {self.agent_name(agent)}")
+
+    def _host_pools(self) -> tuple[Any, Any]:
+        kernarg = self._find_pool(self._cpu, lambda f: f & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT)
+        system = self._find_pool(self._cpu, lambda f: f & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED)
+        return kernarg, system
+
+    def agent_name(self, agent: Any) -> str:
+        """The HSA agent's name (its ISA for GPUs, e.g. ``gfx90a``)."""
+        name = ctypes.create_string_buffer(64)
+        self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_NAME, name)
+        return name.value.decode(errors="replace")
+
+    def gpu_agents(self) -> list:
+        """The GPU agents, in device order."""
+        return [agent for agent, _ in self._gpus]
+
+    def all_agents(self) -> list:
+        """The CPU agent, then the GPU agents."""
+        return [self._cpu, *self.gpu_agents()]
+
+    def kernarg_block(self, agent: Any) -> tuple[int, int]:
+        """(address, size) of kernarg memory for one queue's ring, visible to every GPU agent
+        (graph kernargs may serve every device)."""
+        out = ctypes.c_void_p()
+        self.api.check(self.api.hsa_amd_memory_pool_allocate(self._kernarg_pool, KERNARG_RING_BYTES, 0,
+                                                             ctypes.byref(out)), "kernarg allocation")
+        agents = self.gpu_agents()
+        arr = (T.hsa_agent_t * len(agents))(*agents)
+        self.api.check(self.api.hsa_amd_agents_allow_access(len(agents), arr, None, out.value),
+                       "kernarg access")
+        self._kernarg_blocks.append(out.value)
+        return out.value, KERNARG_RING_BYTES
+
+    def agent_of(self, side: Any) -> Any:
+        """The agent owning a copy side's memory (the CPU agent for host memory)."""
+        return self._cpu if side.host else side.device.agent
+
+    # -- hooks: copies ----------------------------------------------------------------------------
+    def _host_pointers(self, op: CopyOp) -> None:
+        """Host sides are locked for the agents (pageable memory); unlocked when the copy retires."""
+        for side in (op.dst, op.src):
+            if side.host:
+                addr, n = side.obj.__array_interface__["data"][0], side.obj.nbytes
+                side.ptr = self.host.lock(addr, n)
+                op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
+
+    def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
+        """The copy on one of the device's SDMA engines (source device for peer copies and
+        device-to-host, destination for host-to-device); None when none can take it."""
+        device: HsaDevice = op.device
+        dst_agent, src_agent = self.agent_of(op.dst), self.agent_of(op.src)
+        engine = device.engines.pick(dst_agent, src_agent)
+        if engine is None:
+            return None
+        fut = self.hub.new_future(op.label)
+        fut.device, fut.kind, fut.nbytes = device, "copy", op.nbytes
+        live = [d for d in deps if not d.retired]
+        for dep in live:
+            self.hub.depend(fut, dep, semantic=deps[dep])
+        name = device.engines.submit(engine, op.dst.ptr, dst_agent, op.src.ptr, src_agent, op.nbytes,
+                                     [d.signal for d in live], fut.signal)
+        if name is None:           # the engine ran out between status and submit
+            for dep in live:
+                if fut in dep._dependents:
+                    dep._dependents.remove(fut)
+            self.hub.discard(fut)
+            return None
+        fut.queue = name
+        self.track(fut, [op.src.state], [op.dst.state], live, op.keep, op.cleanup)
+        return fut
+
+    # -- hooks: joins and graphs ------------------------------------------------------------------
+    def _submit_join(self, device: Any, live: list, deps: dict) -> GPUFuture:
+        """A barrier-AND packet (chained five signals at a time) on the device's first queue."""
+        queue = device.queues[0]
+        fut = self.hub.new_future(f"gather of {len(deps)}")
+        fut.device, fut.kind, fut.lane = device, "join", queue
+        for dep in live:
+            self.hub.depend(fut, dep)
+        packets = barrier_and_packets([d.signal for d in live], fut.signal)
+        device.submit_group(fut, queue, packets, [], [], live)
+        return fut
+
+    def _instantiate(self, graph: Any) -> Any:
+        from .graph import HsaGraphExec
+        return HsaGraphExec(graph)
+
+    # -- faults --------------------------------------------------------------------------------
+    def _on_system_event(self, event_ptr: Any, _data: Any) -> int:
+        # Runs on a driver thread: copy the facts out and hand over to the waiter thread.
+        ev = event_ptr.contents
+        if ev.event_type == T.HSA_AMD_GPU_MEMORY_FAULT_EVENT:
+            info = (ev.memory_fault.agent.handle, ev.memory_fault.virtual_address, ev.memory_fault.fault_reason_mask)
+            self.hub.post_event(lambda: self._on_memory_fault(*info))
+        return T.HSA_STATUS_SUCCESS
+
+    def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
+        """Fail the pending copies of that agent's engines that touch ``address``: an engine
+        reports a fault, then retires the aborted copy through its signal, so they are failed
+        here and retire as usual (a copy that touched the address but did not fault fails too:
+        its result cannot be told apart). A dispatch that faulted is failed by its queue's error
+        report, which follows the event."""
+        with self.lock:
+            self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
+            for fut in list(self.hub.pending_futures()):
+                dev = fut.device
+                if fut.done() or dev is None or dev.agent.handle != agent or ".sdma" not in (fut.queue or ""):
+                    continue
+                if any(_touches(k, address) for k in fut.keep):
+                    self.hub.fail(fut, GPUError(f"{fut.label}: memory fault at 0x{address:x} (reason "
+                                                f"0x{reason:x})", status=T.HSA_STATUS_ERROR_MEMORY_FAULT,
+                                                queue=fut.queue))
+
+    def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
+        """A lost or stalled completion on a compute queue: abort that queue, so that what its
+        packets held is freed and the device stays usable. Copies are left to the hub, which
+        quarantines them (an engine cannot be aborted)."""
+        for dev in self.devices:
+            for queue in dev.queues:
+                if fut in queue.inflight:
+                    queue.abort(exc, queue.inflight[fut][1])
+                    return True
+                if any(group.future is fut for group in queue.backlog):
+                    queue.abort(exc, -1)    # stuck behind a silent packet: the queue is wedged
+                    return True
+        return False
+
+    # -- stats, description, shutdown ------------------------------------------------------------
+    def _backend_stats(self) -> dict:
+        queues = [q for d in self.devices for q in d.queues]
+        return {
+            "signals_in_use": self.hub.pool.in_use,
+            "kernarg_in_use": sum(q.kernarg.in_use for q in queues),
+            "backlog": sum(len(q.backlog) for q in queues),
+            "host_locks": self.host.count,
+        }
+
+    def describe(self) -> str:
+        """The backend, why, the optional HSA calls, and every agent with its pools, queues and
+        copy engines."""
+        api = self.api
+        optional = "all present" if not api.missing else "absent: " + ", ".join(api.missing)
+        lines = [super().describe(), f"optional HSA calls: {optional}"]
+        for agent in self.all_agents():
+            lines.append(self._describe_agent(agent))
+            for dev in self.devices:
+                if dev.agent.handle == agent.handle:
+                    lines.append(f"    queues: {', '.join(f'{q.name} (ring {q.size})' for q in dev.queues)}")
+                    engines = dev.engines.free_engines(agent, self._cpu)
+                    lines.append(f"    SDMA engines free: {len(engines)}" + (
+                        "" if api.has_engine_copy else " (library lacks engine calls: shader copies)"))
+        return "\n".join(lines)
+
+    def _describe_agent(self, agent: Any) -> str:
+        api = self.api
+        kind = ctypes.c_uint32()
+        api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_DEVICE, ctypes.byref(kind))
+        product = ctypes.create_string_buffer(64)
+        api.hsa_agent_get_info(agent, T.HSA_AMD_AGENT_INFO_PRODUCT_NAME, product)
+        kind_name = {T.HSA_DEVICE_TYPE_CPU: "CPU", T.HSA_DEVICE_TYPE_GPU: "GPU"}.get(kind.value, "DSP")
+        lines = [f"agent {self.agent_name(agent)} [{kind_name}] {product.value.decode(errors='replace')}"]
+        for pool, flags in self.pools(agent):
+            size = ctypes.c_size_t()
+            api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_SIZE, ctypes.byref(size))
+            kinds = [n for bit, n in ((1, "kernarg"), (2, "fine-grained"), (4, "coarse-grained")) if flags & bit]
+            lines.append(f"    pool {'/'.join(kinds)}: {size.value / 2**30:.1f} GiB")
+        return "\n".join(lines)
+
+    def _release(self) -> None:
+        for dev in self.devices:
+            dev._destroy()
+        for block in self._kernarg_blocks:
+            self.api.hsa_amd_memory_pool_free(block)
+        if self.backend == "emulator":
+            self.api.hsa_shut_down()
+
+
+def _check_positive(name: str, value: Any, kind: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _touches(obj: Any, address: int) -> bool:
+    if isinstance(obj, Buffer):
+        return obj.address <= address < obj.address + obj.nbytes
+    if isinstance(obj, np.ndarray):
+        base = obj.__array_interface__["data"][0]
+        return base <= address < base + obj.nbytes
+    return False
