@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call on the H200: versions, the CUDA test subset, the CUDA benchmark (both hot paths).
+# One device call on the H200: versions, the public-API and conformance tests on CUDA, the service
+# benchmark, the CUDA microbenchmarks.
 # Run from the repository root on the device machine with the carried wheels in .whl/ (see
 # /work/.library/device/README.md): results and logs go to $OUT (default ./out).
 set -uo pipefail
@@ -19,8 +20,12 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 } 2>&1 | tee "$OUT/versions.txt"
 STEPS=${STEPS:-"tests bench"}
 if [[ $STEPS == *tests* ]]; then
-  AIOGPU_BACKEND=cuda timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --timeout 120 \
-    tests/test_backends.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --timeout 120 -rs \
+    tests/test_backends.py tests/test_conformance.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+fi
+if [[ $STEPS == *serve* ]]; then
+  timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --duration ${SERVE_S:-5} \
+    --repeat ${SERVE_REPEAT:-1} --profile "$OUT" --json "$OUT/serve_h200.json" 2>&1 | tee "$OUT/serve.log"
 fi
 if [[ $STEPS == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
