@@ -137,6 +137,7 @@ class Device:
         self.compute: list[Any] = []   # compute lanes, set by the backend
         self._rr: Any = None
         self._kernels: dict[Kernel, Any] = {}
+        self._shapes: dict[tuple, tuple] = {}
 
     def _set_compute_lanes(self, lanes: list) -> None:
         self.compute = list(lanes)
@@ -174,6 +175,11 @@ class Device:
 
     def _destroy(self) -> None:
         """Release this device's driver objects (the runtime is closing)."""
+
+    def trim(self) -> int:
+        """Give the device memory cached for reuse back to the driver; returns the bytes."""
+        with self.runtime.lock:
+            return self.memory.trim()
 
     # -- memory --------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> Buffer:
@@ -215,20 +221,39 @@ class Device:
         unless ``const``).
         """
         rt = self.runtime
-        grid, block = check_launch(kernel, grid, block)
-        self._check_grid(grid, block)
+        grid, block = self.shape(kernel, grid, block)
         values, lengths, buffers = check_args(self, kernel, args)
-        after = rt.check_after(after)
+        after = rt.check_after(after) if after else []
         capture = rt.capturing()
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
-        reads = list(buffers.values())
-        writes = [buffers[i] for i in kernel.writes if i in buffers]
+        if buffers:
+            reads = list(buffers.values())
+            writes = [buffers[i] for i in kernel.writes if i in buffers]
+        else:
+            reads = writes = []
         with rt.lock:
             rt.check_open()
-            loaded = self.loaded(kernel)
+            loaded = self._kernels.get(kernel) or self.loaded(kernel)
             return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
                 loaded, kernel.name, grid, block, values, lengths, deps, reads, writes))
+
+    def shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``grid`` and ``block`` validated (core rules, then the backend's limits); a service
+        launching the same shapes again pays a dictionary lookup."""
+        key = (kernel, grid, block)
+        try:
+            return self._shapes[key]
+        except (KeyError, TypeError):       # new, or unhashable (lists): validate
+            pass
+        got = check_launch(kernel, grid, block)
+        self._check_grid(*got)
+        if len(self._shapes) < 4096:
+            try:
+                self._shapes[key] = got
+            except TypeError:
+                pass
+        return got
 
     # -- lanes ---------------------------------------------------------------------------------
     def pick_lane(self, deps: Iterable[GPUFuture]) -> Any:

@@ -126,13 +126,20 @@ class GPUFuture:
                 raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
                                    "use .wait() in synchronous code")
             hub = self._hub
-            if hub.spin_s > 0 and isinstance(port, _loops.AsyncioPort):
-                yield from hub.spin_await(self)
-            if self._state == PENDING:
-                hub.arm(self)
-                yield from port.wait(lambda a: self._register(port, a),
-                                     lambda a: self._unregister(port, a))
-                hub.parked_done(self)
+            hub.awaiting += 1
+            try:
+                # Spin only while this is the one future awaited: a service with many requests
+                # in flight parks them all (the waiter wakes each loop once per batch), so the
+                # loop never busy-polls while other tasks wait for the GPU too.
+                if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
+                    yield from hub.spin_await(self)
+                if self._state == PENDING:
+                    hub.arm(self)
+                    yield from port.wait(lambda a: self._register(port, a),
+                                         lambda a: self._unregister(port, a))
+                    hub.parked_done(self)
+            finally:
+                hub.awaiting -= 1
         return self.result()
 
     def _register(self, port: Any, awaiter: Any) -> None:
@@ -194,6 +201,7 @@ class FutureHub:
         self.lock = threading.RLock()
         self.watchdog_s = watchdog_s
         self.spin_s = spin_s
+        self.awaiting = 0            # futures being awaited now (the spin policy reads it)
         self._pending: dict[int, GPUFuture] = {}
         self._events: deque[Callable[[], None]] = deque()
         self._dirty = True
@@ -437,7 +445,7 @@ class FutureHub:
         the loop in between; settles it at once when done (no thread hand-off)."""
         deadline = time.perf_counter() + self.spin_s
         key = fut.signal
-        while fut._state == PENDING and key and time.perf_counter() < deadline:
+        while fut._state == PENDING and key and time.perf_counter() < deadline and self.awaiting == 1:
             if self.is_complete(key):
                 self._settle([(key, fut)])
                 break

@@ -81,7 +81,12 @@ class BuddyAllocator:
 
 class DeviceMemory:
     """One device's memory over a backend's raw allocator: the buddy allocator for small buffers,
-    2 MiB-aligned blocks of their own for large ones.
+    2 MiB-aligned blocks of their own for large ones, and a cache of free blocks.
+
+    A caching allocator: a block no buffer uses any more stays with the device, kept by size,
+    and the next request of that size takes it back, so a steady state (a service allocating
+    and freeing per request) makes no driver call. ``trim()`` gives the cached blocks back; an
+    allocation the driver refuses trims and tries once more before raising OutOfMemoryError.
 
     ``raw_alloc(size)`` returns the address of ``size`` fresh bytes (raising OutOfMemoryError when
     there are none), ``raw_free(address)`` gives such an address back. Not thread-safe: the
@@ -91,7 +96,9 @@ class DeviceMemory:
     def __init__(self, raw_alloc: Callable[[int], int], raw_free: Callable[[int], None]):
         self._raw_alloc, self._raw_free = raw_alloc, raw_free
         self._bases: dict[int, int] = {}  # aligned address -> address the raw allocator returned
-        self._blocks: set[int] = set()    # every aligned block handed out (freed at destroy)
+        self._sizes: dict[int, int] = {}  # every aligned block from the driver -> its size
+        self._cache: dict[int, list[int]] = {}   # size -> free blocks kept for reuse
+        self.cached_bytes = 0
         self.small = BuddyAllocator(lambda: self._aligned(BLOCK), self._release)
         self.large: dict[int, int] = {}   # address -> size
 
@@ -113,24 +120,53 @@ class DeviceMemory:
             self.small.free(addr)
 
     def _aligned(self, size: int) -> int:
-        """``size`` bytes at a 2 MiB-aligned address (huge pages: fewer TLB misses)."""
+        """``size`` bytes at a 2 MiB-aligned address (huge pages: fewer TLB misses): a cached
+        block of that size, else one from the driver (after trimming the cache if refused)."""
+        cached = self._cache.get(size)
+        if cached:
+            self.cached_bytes -= size
+            return cached.pop()
+        try:
+            return self._from_driver(size)
+        except MemoryError:
+            if not self.cached_bytes:
+                raise
+            self.trim()
+            return self._from_driver(size)
+
+    def _from_driver(self, size: int) -> int:
         ptr = self._raw_alloc(size)
         if ptr % BLOCK:
             self._raw_free(ptr)
             base = self._raw_alloc(size + BLOCK)
             ptr = round_up(base, BLOCK)
             self._bases[ptr] = base
-        self._blocks.add(ptr)
+        self._sizes[ptr] = size
         return ptr
 
     def _release(self, addr: int) -> None:
-        self._blocks.discard(addr)
-        self._raw_free(self._bases.pop(addr, addr))
+        """A block no buffer uses any more: kept for reuse."""
+        size = self._sizes[addr]
+        self._cache.setdefault(size, []).append(addr)
+        self.cached_bytes += size
+
+    def trim(self) -> int:
+        """Give every cached free block back to the driver; returns the bytes given back."""
+        freed = self.cached_bytes
+        for blocks in self._cache.values():
+            for addr in blocks:
+                del self._sizes[addr]
+                self._raw_free(self._bases.pop(addr, addr))
+        self._cache.clear()
+        self.cached_bytes = 0
+        return freed
 
     def destroy(self) -> None:
         """Give every block back (the runtime is closing; no buffer is usable any more)."""
-        for addr in list(self._blocks):
-            self._release(addr)
+        self.trim()
+        for addr in list(self._sizes):
+            del self._sizes[addr]
+            self._raw_free(self._bases.pop(addr, addr))
         self.large.clear()
 
     @property
@@ -193,12 +229,20 @@ class Buffer:
             self._finalizer()
 
     def to_numpy(self, dtype: Any = np.uint8) -> Any:
-        """A GPUFuture whose result is a new NumPy array holding a copy of the buffer."""
+        """A GPUFuture whose result is a new NumPy array holding a copy of the buffer.
+
+        The array lives in the runtime's pinned host memory (so the copy needs no pinning); it
+        stays valid after the runtime is closed. TypeError for a non-numeric dtype, ValueError
+        when the buffer is not a whole number of elements."""
         dtype = host_dtype(dtype, "to_numpy")
         if self.nbytes % dtype.itemsize:
             raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
         out = np.empty(self.nbytes // dtype.itemsize, dtype=dtype)
-        fut = self.device.runtime.copy(out, self)
+        rt = self.device.runtime
+        rt.check_open()
+        with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
+            out = rt.pinned.empty(self.nbytes, dtype)
+        fut = rt.copy(out, self)
         fut.value = out
         return fut
 

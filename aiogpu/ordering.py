@@ -107,7 +107,7 @@ def _live(fut: GPUFuture | None) -> list[GPUFuture]:
 def failed_dependency(deps: dict[GPUFuture, bool]) -> GPUError | None:
     """A GPUError for the first semantic dependency that failed, else None."""
     for fut, semantic in deps.items():
-        if semantic and fut.done() and fut._exc is not None:
+        if semantic and fut._exc is not None:     # (failed: settled by the hub, never polled)
             err = GPUError(f"a dependency failed ({fut.label}: {fut._exc})",
                            status=getattr(fut._exc, "status", None))
             err.__cause__ = fut._exc

@@ -27,6 +27,7 @@ Hooks a backend implements (called under the lock unless said otherwise):
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import importlib
 import os
@@ -43,8 +44,13 @@ from . import ordering
 from .device import Device
 from .errors import BackendUnavailable, GPUError, RuntimeClosedError
 from .futures import FutureHub, GPUFuture, completed_future
+from .hostpool import PinnedPool
 from .kernels import copy_kernel
 from .memory import Buffer, host_dtype
+
+# Host sources up to this size are copied into pinned memory at submission (a memcpy on the
+# loop costs less than pinning the caller's array, and the array is free again at once).
+STAGE_LIMIT = 256 << 10
 
 # Backend name -> "module:class", imported when chosen.
 REGISTRY: dict[str, str] = {
@@ -187,6 +193,7 @@ class Runtime:
         self.hazards = ordering.Hazards()
         self.devices: list[Device] = []
         self._graphs: weakref.WeakSet = weakref.WeakSet()
+        self.pinned = PinnedPool(self._pin_host, self._unpin_host)
 
     # -- state ---------------------------------------------------------------------------------
     def check_open(self) -> None:
@@ -226,8 +233,11 @@ class Runtime:
         """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
         a failed input or a broken device fails it without submitting anything, else
         ``submit(deps)`` submits it."""
-        deps = ordering.dependencies(reads, writes, after)
-        err = ordering.failed_dependency(deps)
+        if reads or writes or after:
+            deps = ordering.dependencies(reads, writes, after)
+            err = ordering.failed_dependency(deps) if deps else None
+        else:                                     # the fast path: nothing to order after
+            deps, err = {}, None
         if err is None and device.broken is not None:
             err = GPUError(f"{label}: {device.broken}", status=getattr(device.broken, "status", None))
         if err is not None:
@@ -283,6 +293,7 @@ class Runtime:
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
         """Host pointers, then the engine when one can take the copy, else a shader copy."""
+        self._pinned_sides(op)
         self._host_pointers(op)
         fut = None
         if self.copy_engines or not self._shader_can_copy(op):
@@ -294,6 +305,21 @@ class Runtime:
                                      keep=op.keep, cleanup=op.cleanup, copy=op)
         fut.kind, fut.nbytes = "copy", op.nbytes
         return fut
+
+    def _pinned_sides(self, op: CopyOp) -> None:
+        """Host sides in the runtime's pinned memory are used in place; a small host source that
+        nothing pending writes is copied into a pinned block now. The backend's
+        ``_host_pointers`` handles the host sides left (their ``ptr`` is still None)."""
+        for side in (op.dst, op.src):
+            if side.host:
+                side.ptr = self.pinned.device_pointer(side.obj.__array_interface__["data"][0], op.nbytes)
+        src = op.src
+        if src.host and src.ptr is None and op.nbytes <= STAGE_LIMIT:
+            writer = src.state.last_write
+            if writer is None or writer.retired:
+                address, src.ptr, release = self.pinned.block(op.nbytes)
+                ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
+                op.cleanup.append(release)
 
     def _check_copy(self, dst: Any, src: Any) -> int:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
@@ -396,6 +422,14 @@ class Runtime:
             return exe
 
     # -- hooks -----------------------------------------------------------------------------------
+    def _pin_host(self, address: int, size: int) -> int:
+        """Page-lock ``size`` bytes of host memory at ``address`` for every device; returns the
+        address devices use for it (the pinned pool's slabs)."""
+        raise NotImplementedError
+
+    def _unpin_host(self, address: int) -> None:
+        raise NotImplementedError
+
     def _host_pointers(self, op: CopyOp) -> None:
         raise NotImplementedError
 
@@ -427,7 +461,9 @@ class Runtime:
             out = {key: 0 for key in LEAK_KEYS}
             out.update(pending=self.hub.pending_count, host_ranges=self.hazards.host_ranges,
                        small_allocations=sum(d.memory.small.used for d in self.devices),
-                       large_allocations=sum(len(d.memory.large) for d in self.devices))
+                       large_allocations=sum(len(d.memory.large) for d in self.devices),
+                       cached_bytes=sum(d.memory.cached_bytes for d in self.devices),
+                       pinned_blocks=self.pinned.blocks_in_use)
             out.update(self._backend_stats())
             return out
 
@@ -468,6 +504,7 @@ class Runtime:
         with self.lock:
             for exe in list(self._graphs):
                 exe.destroy()
+            self.pinned.close()
             self._release()
 
     def __enter__(self) -> "Runtime":

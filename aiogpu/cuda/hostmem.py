@@ -9,10 +9,10 @@
   dies, before its memory is freed), so copying the same array again costs no pinning; idle
   ones beyond ``CACHE_BYTES`` are dropped oldest first. ``in_use`` counts the registrations
   pending copies hold (the leak checks' ``host_locks``).
-- **Staging** (``cuMemHostAlloc``): small host-to-device copies (at most ``STAGE_LIMIT`` bytes)
-  are copied into a pinned block at submission when nothing pending writes the array; and when an
-  array's pages are held by a busy registration that does not cover it, the copy goes through a
-  bounce block of its own (``bounced``). A bounced device-to-host copy lands in the array on the
+- **Staging** (blocks of the runtime's pinned pool, ``aiogpu/hostpool.py``): the core copies
+  small host sources into a pinned block at submission; and when an array's pages are held by a
+  busy registration that does not cover it, the copy goes through a bounce block of its own
+  (``bounced``). A bounced device-to-host copy lands in the array on the
   host, before its future completes; until then later host-to-device copies of that array read
   its bounce block on the device, later writes of it bounce too (host steps stay in order), and
   any future that depends on it runs that host step before it completes (``host_deps``).
@@ -34,8 +34,6 @@ from . import driver as D
 from .driver import cu
 
 PAGE = mmap.PAGESIZE
-STAGE_LIMIT = 64 << 10
-STAGE_MIN = 4 << 10
 CACHE_BYTES = 4 << 30
 
 
@@ -75,8 +73,6 @@ class HostMemory:
         self._starts: list[int] = []
         self._runs: dict[int, _Run] = {}
         self._idle: OrderedDict[int, _Run] = OrderedDict()   # LRU of idle cached runs
-        self._stage_free: dict[int, list[int]] = {}
-        self._stage_all: list[int] = []
         self.registered_bytes = 0
         self.foreign_pinned = 0
         self.bounced = 0         # copies that went through a bounce block
@@ -123,25 +119,14 @@ class HostMemory:
         return addr, lambda: self._release(run)
 
     def stage(self, nbytes: int) -> tuple[int, Callable[[], None]]:
-        """A pinned, device-mapped block of at least ``nbytes``; release gives it back."""
-        size = max(STAGE_MIN, 1 << (max(nbytes, 1) - 1).bit_length())
-        free = self._stage_free.setdefault(size, [])
-        if free:
-            ptr = free.pop()
-        else:
-            self.rt.devices[0].make_current()
-            ptr = int(D.check(cu.cuMemHostAlloc(size, D.HOSTALLOC_PORTABLE | D.HOSTALLOC_DEVICEMAP),
-                              f"cuMemHostAlloc({size})"))
-            self._stage_all.append(ptr)
-        return ptr, lambda: free.append(ptr)
+        """A pinned, device-mapped block of at least ``nbytes`` from the runtime's pinned pool
+        (host address == device address: unified addressing); release gives it back."""
+        address, _device, release = self.rt.pinned.block(nbytes)
+        return address, release
 
     def close(self) -> None:
         for run in list(self._runs.values()):
             self._unregister(run)
-        for ptr in self._stage_all:
-            cu.cuMemFreeHost(ptr)
-        self._stage_all.clear()
-        self._stage_free.clear()
 
     # -- registrations -------------------------------------------------------------------------------
     def _pinned_elsewhere(self, addr: int) -> bool:

@@ -46,7 +46,7 @@ class CudaRuntime(Runtime):
     Options beyond the core's: ``completion_words`` (lanes write a completion word in host
     memory after each operation, where the device has stream memory operations; else events),
     ``event_waits`` (cross-lane waits on events rather than on completion words). Compute lanes
-    are CUDA streams (``queues_per_device``, default 4); copies run on per-direction copy streams.
+    are CUDA streams (``queues_per_device``, default 8); copies run on per-direction copy streams.
     Raises BackendUnavailable where cuda-bindings or an NVIDIA GPU is missing.
     """
 
@@ -58,7 +58,7 @@ class CudaRuntime(Runtime):
     def probe(cls) -> tuple[bool, str]:
         return probe()
 
-    def __init__(self, backend: str | None = None, *, queues_per_device: int = 4, spin_s: float = DEFAULT_SPIN_S,
+    def __init__(self, backend: str | None = None, *, queues_per_device: int = 8, spin_s: float = DEFAULT_SPIN_S,
                  watchdog_s: float | None = None, copy_engines: bool = True,
                  completion_words: bool = True, event_waits: bool = False):
         ok, why = probe()
@@ -178,12 +178,25 @@ class CudaRuntime(Runtime):
         """A shader reaches peer memory only over an enabled peer mapping."""
         return op.direction != "peer" or op.dst.device.index in op.src.device.peers
 
+    def _pin_host(self, address: int, size: int) -> int:
+        """``cuMemHostRegister`` (portable, device-mapped): every context may use it."""
+        self.devices[0].make_current()
+        D.check(cu.cuMemHostRegister(address, size, D.HOSTREGISTER_PORTABLE | D.HOSTREGISTER_DEVICEMAP),
+                f"cuMemHostRegister({size})")
+        return int(D.check(cu.cuMemHostGetDevicePointer(address, 0), "cuMemHostGetDevicePointer"))
+
+    def _unpin_host(self, address: int) -> None:
+        self.devices[0].make_current()
+        cu.cuMemHostUnregister(address)
+
     def _host_pointers(self, op: CopyOp) -> None:
-        """Host sources are staged or registered; host destinations registered, or bounced
-        through a pinned block copied out when the copy completes."""
+        """Host sides outside the pinned pool: sources are registered (or read from a pending
+        bounce block); destinations registered, or bounced through a pinned block copied out
+        when the copy completes."""
         if op.direction == "h2d":
-            op.src.ptr = self._host_source(op.src.obj, op.src.state, op.nbytes, op.cleanup)
-        elif op.direction == "d2h":
+            if op.src.ptr is None:
+                op.src.ptr = self._host_source(op.src.obj, op.src.state, op.nbytes, op.cleanup)
+        elif op.direction == "d2h" and op.dst.ptr is None:
             op.dst.ptr, op.on_complete, op.staging = self._host_destination(
                 op.dst.obj, op.dst.state, op.nbytes, op.cleanup)
 
@@ -191,7 +204,7 @@ class CudaRuntime(Runtime):
         """The copy on the engine device's copy stream of its direction (never None: a copy
         stream always takes it)."""
         device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
-        lane = {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[op.direction]
+        lane = self._copy_lane(device, op.direction, deps)
         if self._shader_can_copy(op):
             copy = lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream)  # noqa: E731
         else:
@@ -200,6 +213,20 @@ class CudaRuntime(Runtime):
         enqueue = self.with_foreign_waits(device, op, copy)
         return self.submit(device, lane, op.label, deps, enqueue, [op.src.state], [op.dst.state], op.keep,
                            op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging)
+
+    @staticmethod
+    def _copy_lane(device: CudaDevice, direction: str, deps: dict) -> Any:
+        """The copy stream of ``direction``; but a download whose only pending input is work on
+        one compute stream of the device goes on that stream: stream order then suffices, and
+        no cross-stream wait stalls the downloads queued behind it on the shared copy stream
+        (the DMA engine does the copy either way)."""
+        if direction in ("d2h", "d2d") and deps:
+            lanes = {id(f.lane): f.lane for f in deps if not f.retired and f.lane is not None}
+            if len(lanes) == 1:
+                lane = next(iter(lanes.values()))
+                if lane.device is device and lane.kind == "compute":
+                    return lane
+        return {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[direction]
 
     def with_foreign_waits(self, device: CudaDevice, op: CopyOp | None, enqueue: Any) -> Any:
         """Order a copy after the work another library queued on its own streams."""
@@ -232,11 +259,6 @@ class CudaRuntime(Runtime):
             block.retain()
             cleanup.append(block.release)
             return block.ptr
-        if nbytes <= hostmem.STAGE_LIMIT and not pending:
-            ptr, release = self.host.stage(nbytes)    # nothing pending writes it: copy it now
-            hostmem.memmove(ptr, addr, nbytes)
-            cleanup.append(release)
-            return ptr
         got = self.host.pin(arr)
         if got is None:            # its pages are held by a busy registration: bounce
             ptr, release = self.host.stage(nbytes)

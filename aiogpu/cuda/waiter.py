@@ -188,7 +188,7 @@ class CudaHub(FutureHub):
                     self.completed_now(fut)
                     self._hit(lane, fut, start)
                     return
-                if time.perf_counter() > deadline:
+                if time.perf_counter() > deadline or self.awaiting > 1:
                     break
                 yield
         else:
@@ -200,10 +200,10 @@ class CudaHub(FutureHub):
                         self.observed(lane, ticket, code)
                     self._hit(lane, fut, start)
                     return
-                if time.perf_counter() > deadline:
+                if time.perf_counter() > deadline or self.awaiting > 1:
                     break
                 yield
-        if fut._state == PENDING:
+        if fut._state == PENDING and self.awaiting == 1:     # (others came: not a miss)
             self.spin_misses += 1
             lane.spin = max(SPIN_MIN_S, lane.spin / 2)
 

@@ -179,11 +179,24 @@ class HsaRuntime(Runtime):
         """The agent owning a copy side's memory (the CPU agent for host memory)."""
         return self._cpu if side.host else side.device.agent
 
-    # -- hooks: copies ----------------------------------------------------------------------------
+    # -- hooks: host memory and copies -----------------------------------------------------------
+    def _pin_host(self, address: int, size: int) -> int:
+        """``hsa_amd_memory_lock`` for every agent; the agents' address of the memory."""
+        agents = self.all_agents()
+        arr = (T.hsa_agent_t * len(agents))(*agents)
+        out = ctypes.c_void_p()
+        self.api.check(self.api.hsa_amd_memory_lock(address, size, arr, len(agents), ctypes.byref(out)),
+                       "hsa_amd_memory_lock")
+        return out.value
+
+    def _unpin_host(self, address: int) -> None:
+        self.api.hsa_amd_memory_unlock(address)
+
     def _host_pointers(self, op: CopyOp) -> None:
-        """Host sides are locked for the agents (pageable memory); unlocked when the copy retires."""
+        """Host sides outside the pinned pool are locked for the agents (pageable memory, not
+        GTT) and unlocked when the copy retires."""
         for side in (op.dst, op.src):
-            if side.host:
+            if side.host and side.ptr is None:
                 addr, n = side.obj.__array_interface__["data"][0], side.obj.nbytes
                 side.ptr = self.host.lock(addr, n)
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))

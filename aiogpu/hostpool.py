@@ -1,0 +1,165 @@
+"""Pinned host memory owned by the runtime: results of ``to_numpy`` and staging for small copies.
+
+Pinning (``cuMemHostRegister``, ``hsa_amd_memory_lock``) and unpinning a fresh array per copy is
+what made a service slow: each costs a driver call, unpinning can synchronise the device, and it
+runs on the event loop. The pool pins memory once and reuses it:
+
+- **Slabs** are the runtime's own anonymous mappings (``mmap``), pinned once through the
+  backend's ``pin(address, size) -> device pointer`` and unpinned only at ``close``. Because the
+  memory is the pool's and not the driver's, an array handed to the user stays valid host memory
+  after the runtime closed (it is merely no longer pinned).
+- **Blocks** up to ``SMALL_LIMIT`` come from a buddy allocator over 2 MiB slabs; larger ones get
+  slabs of their own, rounded to 2 MiB and cached by size for reuse.
+- ``empty(nbytes, dtype)`` gives a NumPy array in a block; the block returns to the pool when the
+  array (and every view of it) is gone. ``block(nbytes)`` gives a staging block and its release.
+- ``device_pointer(address, nbytes)`` says whether memory lies in the pool (copies then use it in
+  place: no pinning per copy).
+
+Releases may come from any thread (garbage collection): they are queued lock-free and taken back
+under the runtime lock at the next allocation. Not otherwise thread-safe: the runtime lock guards
+it.
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import mmap
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from .memory import BLOCK, SMALL_LIMIT, BuddyAllocator, round_up
+
+# Idle large slabs kept for reuse beyond which the oldest are unpinned and unmapped.
+LARGE_CACHE_BYTES = 1 << 30
+
+
+class _Slab:
+    __slots__ = ("map", "start", "base", "size", "device")
+
+    def __init__(self, size: int, pin: Callable[[int, int], int]):
+        # Map one block more than asked, so that a 2 MiB-aligned region of ``size`` fits (the
+        # buddy allocator's arithmetic needs aligned blocks; untouched pages cost no memory).
+        self.map = mmap.mmap(-1, size + BLOCK)
+        self.start = np.frombuffer(self.map, np.uint8).__array_interface__["data"][0]
+        self.base = round_up(self.start, BLOCK)
+        self.size = size
+        self.device = pin(self.base, size)
+
+    def view(self, address: int, nbytes: int) -> memoryview:
+        off = address - self.start
+        return memoryview(self.map)[off:off + nbytes]
+
+
+class PinnedPool:
+    """Page-locked host blocks of one runtime (see the module doc)."""
+
+    def __init__(self, pin: Callable[[int, int], int], unpin: Callable[[int], None]):
+        self._pin, self._unpin = pin, unpin
+        self._slabs: dict[int, _Slab] = {}      # base -> slab
+        self._starts: list[int] = []            # sorted slab bases (lookup by address)
+        self._small = BuddyAllocator(self._new_small_slab, lambda base: None)   # slabs stay
+        self._large_free: dict[int, list[int]] = collections.defaultdict(list)
+        self._large_idle: collections.OrderedDict[int, int] = collections.OrderedDict()
+        self._returns: collections.deque = collections.deque()   # (address, large?) from any thread
+        self._handed_out = 0
+        self.closed = False
+
+    @property
+    def blocks_in_use(self) -> int:
+        """Blocks handed out and not yet given back."""
+        return self._handed_out - len(self._returns)
+
+    # -- allocation ------------------------------------------------------------------------------
+    def block(self, nbytes: int) -> tuple[int, int, Callable[[], None]]:
+        """(host address, device pointer, release) of a pinned block of at least ``nbytes``."""
+        self._take_returns()
+        if nbytes <= SMALL_LIMIT:
+            address, large = self._small.alloc(nbytes), False
+        else:
+            address, large = self._large(round_up(nbytes, BLOCK)), True
+        self._handed_out += 1
+        returns = self._returns
+        return address, self.device_pointer(address), lambda: returns.append((address, large))
+
+    def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
+        """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
+        block returns to the pool when the array and its views are gone."""
+        address, _, release = self.block(nbytes)
+        slab = self._slab_of(address)
+        out = np.frombuffer(slab.view(address, nbytes), dtype=dtype)
+        weakref.finalize(out, release)
+        return out
+
+    def device_pointer(self, address: int, nbytes: int = 1) -> int | None:
+        """The device pointer of ``address`` if ``[address, address + nbytes)`` lies in one of
+        the pool's slabs, else None."""
+        slab = self._slab_of(address)
+        if slab is None or address + nbytes > slab.base + slab.size:
+            return None
+        return slab.device + (address - slab.base)
+
+    # -- slabs -----------------------------------------------------------------------------------
+    def _new_small_slab(self) -> int:
+        return self._add_slab(BLOCK)
+
+    def _large(self, size: int) -> int:
+        free = self._large_free[size]
+        if free:
+            address = free.pop()
+            self._large_idle.pop(address, None)
+            return address
+        return self._add_slab(size)
+
+    def _add_slab(self, size: int) -> int:
+        slab = _Slab(size, self._pin)
+        self._slabs[slab.base] = slab
+        bisect.insort(self._starts, slab.base)
+        return slab.base
+
+    def _slab_of(self, address: int) -> _Slab | None:
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        slab = self._slabs[self._starts[i]]
+        return slab if address < slab.base + slab.size else None
+
+    def _take_returns(self) -> None:
+        returns = self._returns
+        while returns:
+            address, large = returns.popleft()
+            self._handed_out -= 1
+            if self.closed:
+                continue
+            if not large:
+                self._small.free(address)
+                continue
+            size = self._slabs[address].size
+            self._large_free[size].append(address)
+            self._large_idle[address] = size
+            self._trim_large()
+
+    def _trim_large(self) -> None:
+        idle = sum(self._large_idle.values())
+        while idle > LARGE_CACHE_BYTES and self._large_idle:
+            address, size = self._large_idle.popitem(last=False)
+            self._large_free[size].remove(address)
+            self._drop(address)
+            idle -= size
+
+    def _drop(self, base: int) -> None:
+        slab = self._slabs.pop(base)
+        self._starts.remove(base)
+        self._unpin(base)
+        try:
+            slab.map.close()
+        except BufferError:       # an array still uses it: the mapping lives on with it
+            pass
+
+    def close(self) -> None:
+        """Unpin every slab (the runtime is closing). Arrays handed out stay valid memory."""
+        self._take_returns()
+        self.closed = True
+        for base in list(self._slabs):
+            self._drop(base)

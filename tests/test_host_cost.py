@@ -1,0 +1,157 @@
+"""Host cost per operation (issue 12): the steady state of a service makes no driver call for
+memory, results land in pinned memory, and awaits do not busy-poll while others are awaited.
+Timings are the benchmarks' business (bench/serve.py); these tests count calls and check
+contents."""
+from __future__ import annotations
+
+import asyncio
+import gc
+
+import numpy as np
+import pytest
+
+import aiogpu
+from gpu_kernels import scale
+
+
+def _count(monkeypatch, obj, name):
+    calls = []
+    real = getattr(obj, name)
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, spy)
+    return calls
+
+
+def test_device_memory_is_cached_after_the_first_request(any_rt, monkeypatch):
+    d0 = any_rt.devices[0]
+    for size in (4096, 3 << 20):             # a small (buddy) and a large (own block) allocation
+        warm = [d0.alloc(size), d0.alloc(size)]
+        for b in warm:                       # warm: the blocks now sit in the cache
+            b.free()
+        allocs = _count(monkeypatch, d0.memory, "_raw_alloc")
+        frees = _count(monkeypatch, d0.memory, "_raw_free")
+        for _ in range(50):
+            a, b = d0.alloc(size), d0.alloc(size)
+            a.free()
+            b.free()
+        assert allocs == [] and frees == [], "steady state made driver calls"
+        monkeypatch.undo()
+    stats = any_rt.stats()
+    assert stats["cached_bytes"] > 0
+    assert d0.trim() > 0 and any_rt.stats()["cached_bytes"] == sum(
+        d.memory.cached_bytes for d in any_rt.devices[1:])
+
+
+def test_a_refused_allocation_trims_the_cache_and_retries(any_rt, monkeypatch):
+    d0 = any_rt.devices[0]
+    d0.alloc(3 << 20).free()                 # 4 MiB cached
+    assert d0.memory.cached_bytes >= 4 << 20
+    real = d0.memory._raw_alloc
+    refused = []
+
+    def tight(size):                         # the driver refuses until the cache is given back
+        if d0.memory.cached_bytes:
+            refused.append(size)
+            raise d0.out_of_memory(size, 0)
+        return real(size)
+
+    monkeypatch.setattr(d0.memory, "_raw_alloc", tight)
+    buf = d0.alloc(8 << 20)
+    assert refused and d0.memory.cached_bytes == 0 and buf.nbytes == 8 << 20
+
+
+@pytest.mark.asyncio
+async def test_to_numpy_results_live_in_pinned_memory_and_outlive_the_runtime(make_any):
+    rt = make_any()
+    d0 = rt.devices[0]
+    data = np.arange(4096, dtype=np.float32)
+    buf = d0.alloc(data.nbytes)
+    await aiogpu.copy(buf, data)
+    out = await buf.to_numpy(np.float32)
+    np.testing.assert_array_equal(out, data)
+    assert rt.pinned.device_pointer(out.__array_interface__["data"][0], out.nbytes) is not None
+    assert rt.stats()["pinned_blocks"] >= 1
+    view = out[10:20]
+    buf.free()
+    rt.close()
+    np.testing.assert_array_equal(view, data[10:20])      # still valid memory after close
+    view[:] = 7                                            # and writable
+    assert (out[10:20] == 7).all()
+
+
+@pytest.mark.asyncio
+async def test_pinned_blocks_return_when_the_arrays_die(any_rt):
+    d0 = any_rt.devices[0]
+    buf = d0.alloc(1 << 16)
+    await buf.fill(3)
+    base = any_rt.stats()["pinned_blocks"]
+    arrays = [await buf.to_numpy(np.uint32) for _ in range(8)]
+    assert any_rt.stats()["pinned_blocks"] == base + 8
+    keep = arrays[0][:4]
+    del arrays
+    gc.collect()
+    assert any_rt.stats()["pinned_blocks"] == base + 1             # the kept view's
+    assert (keep == 3).all()
+
+
+@pytest.mark.asyncio
+async def test_results_into_pinned_arrays_take_no_host_lock(any_rt):
+    """A download into the runtime's pinned memory pins nothing per call."""
+    d0 = any_rt.devices[0]
+    buf = d0.alloc(1 << 20)
+    await buf.fill(9)
+    out = await buf.to_numpy(np.uint32)
+    locks = []
+    hub_before = any_rt.stats()["host_locks"]
+    for _ in range(5):
+        fut = aiogpu.copy(out, buf)
+        locks.append(any_rt.stats()["host_locks"])
+        await fut
+    assert locks == [hub_before] * 5
+    assert (out == 9).all()
+
+
+@pytest.mark.asyncio
+async def test_small_host_sources_are_staged(any_rt):
+    """A small upload from a fresh array copies it into pinned memory at submission: no lock of
+    the caller's array, and the right bytes arrive."""
+    d0 = any_rt.devices[0]
+    buf = d0.alloc(4096)
+    for i in range(5):
+        src = np.full(1024, i, np.float32)
+        fut = aiogpu.copy(buf, src)
+        assert any_rt.stats()["host_locks"] == 0
+        await fut
+        assert (await buf.to_numpy(np.float32) == i).all()
+
+
+@pytest.mark.asyncio
+async def test_concurrent_awaits_do_not_spin(make_any):
+    """With several futures awaited at once, none busy-polls the loop: they park."""
+    rt = make_any(spin_s=0.05)
+    d0 = rt.devices[0]
+    polls = []
+    real = rt.hub.spin_await
+
+    def spy(fut):                    # every poll of a spin, with how many futures were awaited
+        for step in real(fut):
+            polls.append(rt.hub.awaiting)
+            yield step
+
+    rt.hub.spin_await = spy
+    bufs = [d0.alloc(4096) for _ in range(16)]
+    await asyncio.gather(*(asyncio.ensure_future(_launch_and_wait(d0, b)) for b in bufs))
+    assert all(n == 1 for n in polls), "polled while other futures were awaited"
+    assert rt.hub.awaiting == 0
+    before = len(polls)
+    for _ in range(20):                            # alone, a short kernel is caught by the spin
+        await _launch_and_wait(d0, bufs[0])
+    assert len(polls) > before
+
+
+async def _launch_and_wait(d0, buf):
+    await d0.launch(scale, grid=(1024,), block=(256,), args=(buf, 2.0, 1024))
