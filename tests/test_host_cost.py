@@ -94,7 +94,9 @@ async def test_pinned_blocks_return_when_the_arrays_die(any_rt):
     keep = arrays[0][:4]
     del arrays
     gc.collect()
-    assert any_rt.stats()["pinned_blocks"] == base + 1             # the kept view's
+    # The kept view's block, and at most the newest result's, whose future the hub may still
+    # reference until its next scan: the other six are back.
+    assert any_rt.stats()["pinned_blocks"] <= base + 2
     assert (keep == 3).all()
 
 
