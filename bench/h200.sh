@@ -25,7 +25,13 @@ if [[ $STEPS == *tests* ]]; then
 fi
 if [[ $STEPS == *serve* ]]; then
   timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --duration ${SERVE_S:-5} \
-    --repeat ${SERVE_REPEAT:-1} --profile "$OUT" --json "$OUT/serve_h200.json" 2>&1 | tee "$OUT/serve.log"
+    --repeat ${SERVE_REPEAT:-1} ${SERVE_ARGS:-} --json "$OUT/serve_h200.json" 2>&1 | tee "$OUT/serve.log"
+fi
+if [[ $STEPS == *profile* ]]; then   # profiled separately: the profiler slows what it measures
+  timeout 120 python3 bench/serve.py --backend cuda --modes aiogpu --duration 4 --profile "$OUT" 2>&1 | tee "$OUT/profile.log"
+fi
+if [[ $STEPS == *probe* ]]; then
+  timeout 120 python3 bench/probe_service.py --backend cuda --json "$OUT/probe.json" 2>&1 | tail -30
 fi
 if [[ $STEPS == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
