@@ -259,6 +259,8 @@ def run_one(mode: str, work: str, args: argparse.Namespace) -> dict:
     if args.profile and mode == "aiogpu":
         os.makedirs(args.profile, exist_ok=True)
         common += ["--profile", os.path.join(args.profile, f"profile_{mode}_{work}.txt")]
+    if args.switch_interval:
+        common += ["--switch-interval", str(args.switch_interval)]
     server = subprocess.Popen([sys.executable, me, "--serve", mode, work, "--loop", args.loop, *common],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -315,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop")
     p.add_argument("--repeat", type=int, default=1, help="runs per mode/work; the median is reported")
     p.add_argument("--json", default=None)
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval in the server (seconds; an experiment knob)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile each aiogpu server with pyinstrument; text reports go to DIR")
     p.add_argument("--serve", nargs=2, metavar=("MODE", "WORK"), help=argparse.SUPPRESS)
@@ -322,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.serve:
         args.mode, args.work = args.serve
+        if args.switch_interval:
+            sys.setswitchinterval(args.switch_interval)
         runner = asyncio.run
         if args.loop == "uvloop":
             import uvloop
