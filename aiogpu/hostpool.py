@@ -59,7 +59,8 @@ class PinnedPool:
         self._pin, self._unpin = pin, unpin
         self._slabs: dict[int, _Slab] = {}      # base -> slab
         self._starts: list[int] = []            # sorted slab bases (lookup by address)
-        self._small = BuddyAllocator(self._new_small_slab, lambda base: None)   # slabs stay
+        self._idle_small: list[int] = []        # fully free 2 MiB slabs, kept pinned for reuse
+        self._small = BuddyAllocator(self._small_slab, self._idle_small.append)
         self._large_free: dict[int, list[int]] = collections.defaultdict(list)
         self._large_idle: collections.OrderedDict[int, int] = collections.OrderedDict()
         self._returns: collections.deque = collections.deque()   # (address, large?) from any thread
@@ -101,8 +102,8 @@ class PinnedPool:
         return slab.device + (address - slab.base)
 
     # -- slabs -----------------------------------------------------------------------------------
-    def _new_small_slab(self) -> int:
-        return self._add_slab(BLOCK)
+    def _small_slab(self) -> int:
+        return self._idle_small.pop() if self._idle_small else self._add_slab(BLOCK)
 
     def _large(self, size: int) -> int:
         free = self._large_free[size]

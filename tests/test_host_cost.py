@@ -65,6 +65,24 @@ def test_a_refused_allocation_trims_the_cache_and_retries(any_rt, monkeypatch):
 
 
 @pytest.mark.asyncio
+async def test_the_pinned_pool_pins_once(any_rt, monkeypatch):
+    """Requests that upload and download through the pool pin no memory after the first."""
+    d0 = any_rt.devices[0]
+    buf = d0.alloc(4096)
+
+    async def request(i):
+        await aiogpu.copy(buf, np.full(1024, i, np.float32))
+        out = await buf.to_numpy(np.float32)
+        assert (out == i).all()
+
+    await request(0)
+    pins = _count(monkeypatch, any_rt, "_pin_host")
+    for i in range(1, 50):
+        await request(i)
+    assert pins == []
+
+
+@pytest.mark.asyncio
 async def test_to_numpy_results_live_in_pinned_memory_and_outlive_the_runtime(make_any):
     rt = make_any()
     d0 = rt.devices[0]
