@@ -64,22 +64,21 @@ def test_a_refused_allocation_trims_the_cache_and_retries(any_rt, monkeypatch):
     assert refused and d0.memory.cached_bytes == 0 and buf.nbytes == 8 << 20
 
 
-@pytest.mark.asyncio
-async def test_the_pinned_pool_pins_once(any_rt, monkeypatch):
-    """Requests that upload and download through the pool pin no memory after the first."""
-    d0 = any_rt.devices[0]
-    buf = d0.alloc(4096)
-
-    async def request(i):
-        await aiogpu.copy(buf, np.full(1024, i, np.float32))
-        out = await buf.to_numpy(np.float32)
-        assert (out == i).all()
-
-    await request(0)
-    pins = _count(monkeypatch, any_rt, "_pin_host")
-    for i in range(1, 50):
-        await request(i)
-    assert pins == []
+def test_the_pinned_pool_pins_once(any_rt, monkeypatch):
+    """Blocks given back and taken again (a service's steady state) pin no new memory, small
+    and large alike."""
+    pool = any_rt.pinned
+    for size in (4096, 3 << 20):
+        with any_rt.lock:
+            *_, release = pool.block(size)
+        release()
+        pins = _count(monkeypatch, any_rt, "_pin_host")
+        for _ in range(20):
+            with any_rt.lock:
+                *_, release = pool.block(size)
+            release()
+        assert pins == [], f"{len(pins)} slabs pinned for blocks of {size} bytes"
+        monkeypatch.undo()
 
 
 @pytest.mark.asyncio
