@@ -72,7 +72,7 @@ def test_the_pinned_pool_pins_once(any_rt, monkeypatch):
         with any_rt.lock:
             *_, release = pool.block(size)
         release()
-        pins = _count(monkeypatch, any_rt, "_pin_host")
+        pins = _count(monkeypatch, pool, "_pin")
         for _ in range(20):
             with any_rt.lock:
                 *_, release = pool.block(size)
