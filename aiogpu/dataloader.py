@@ -11,6 +11,12 @@ at most ``prefetch`` batches per device in flight (back-pressure: the source is 
 until the consumer releases a batch). A batch's ``ready`` future completes when its copies have;
 pass it as ``after=`` so that compute waits on the device, not on the host.
 
+Fresh host arrays (a new array every step, as real loaders make) are not pinned per batch:
+arrays of ``STAGE_MIN`` bytes and more are copied into the runtime's pinned memory off the event
+loop, in chunks over ``stage_threads`` worker threads (as PyTorch's ``pin_memory`` thread does),
+and uploaded from there; staging the next batch overlaps the upload of this one. Arrays already
+in pinned memory (``Buffer.to_numpy`` results) go as they are.
+
 A released batch's buffers go back to a pool at once: the next copy into them is ordered after
 the consumer's submitted work on the device (write after read), so a copy can never overwrite
 data a kernel still reads. Leaving the ``async with`` block cancels the producer and waits for
@@ -18,6 +24,7 @@ the copies it started, so none is left writing into a buffer that someone else r
 """
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from typing import Any, AsyncIterator, Iterable
 
@@ -26,6 +33,9 @@ import numpy as np
 
 from .futures import GPUFuture
 from .memory import Buffer
+
+STAGE_MIN = 1 << 20          # smaller arrays are copied on submission (the runtime's staging)
+STAGE_CHUNK = 4 << 20        # one worker thread's share of a staging copy
 
 
 class Batch:
@@ -58,13 +68,19 @@ class Loader:
     """Streams host batches into several GPUs; see the module docstring for the guarantees."""
 
     def __init__(self, source: Iterable | AsyncIterator, devices: list, *, prefetch: int = 2,
-                 ordered: bool = True):
+                 ordered: bool = True, stage_threads: int | None = None):
         if not devices:
             raise ValueError("Loader needs at least one device")
-        if not isinstance(prefetch, int) or prefetch < 1:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"prefetch must be a positive integer, got {prefetch!r}")
+        if stage_threads is None:
+            stage_threads = max(1, min(8, (os.cpu_count() or 2) // 2))
+        if isinstance(stage_threads, bool) or not isinstance(stage_threads, int) or stage_threads < 1:
+            raise ValueError(f"stage_threads must be a positive integer, got {stage_threads!r}")
         self.source, self.devices = source, list(devices)
         self.prefetch, self.ordered = prefetch, ordered
+        self._stagers = anyio.CapacityLimiter(stage_threads)
+        self.staged_bytes = 0
         self._pool: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
         self._slots: dict[int, anyio.Semaphore] = {}
         self._inflight: list[GPUFuture] = []
@@ -123,6 +139,7 @@ class Loader:
                 async for host in _aiterate(self.source):
                     device = self.devices[index % len(self.devices)]
                     await self._slots[id(device)].acquire()
+                    host = await self._stage_structure(device, host)
                     batch = self._upload(index, device, host)
                     if self.ordered:
                         await self._send.send(batch)
@@ -156,6 +173,34 @@ class Loader:
         self._inflight = [f for f in self._inflight if not f.done()] + [ready]
         self.batches += 1
         return Batch(self, index, device, data, buffers, ready)
+
+    async def _stage_structure(self, device: Any, host: Any) -> Any:
+        """``host`` with its large arrays replaced by copies in pinned memory (made off the loop)."""
+        arrays = []
+        _map_structure(arrays.append, host)
+        staged: dict[int, np.ndarray] = {}
+        for arr in arrays:
+            if isinstance(arr, np.ndarray) and arr.nbytes >= STAGE_MIN and id(arr) not in staged:
+                staged[id(arr)] = await self._stage(device.runtime, arr)
+        return _map_structure(lambda a: staged.get(id(a), a), host) if staged else host
+
+    async def _stage(self, rt: Any, arr: np.ndarray) -> np.ndarray:
+        src = np.ascontiguousarray(arr)
+        flat = src.reshape(-1).view(np.uint8) if src.dtype.kind in "biufc" else None
+        if flat is None or rt.pinned.device_pointer(src.__array_interface__["data"][0], src.nbytes):
+            return arr          # not numeric (the copy refuses it), or pinned already
+        with rt.lock:
+            out = rt.pinned.empty(src.nbytes, np.uint8)
+        bounds = list(range(0, src.nbytes, STAGE_CHUNK)) + [src.nbytes]
+
+        async def part(lo: int, hi: int) -> None:
+            await anyio.to_thread.run_sync(np.copyto, out[lo:hi], flat[lo:hi], limiter=self._stagers)
+
+        async with anyio.create_task_group() as tg:
+            for lo, hi in zip(bounds, bounds[1:]):
+                tg.start_soon(part, lo, hi)
+        self.staged_bytes += src.nbytes
+        return out.view(src.dtype).reshape(src.shape)
 
     def _take(self, device: Any, nbytes: int) -> Buffer:
         # The buffer released longest ago: its consumer's work is the likeliest to be done, so

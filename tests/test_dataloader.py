@@ -113,3 +113,35 @@ def test_bad_batches_raise_clear_errors(rt):
         anyio.run(main)
     with pytest.raises(ValueError, match="prefetch"):
         aiogpu.Loader([], rt.devices, prefetch=0)
+
+
+@pytest.mark.asyncio
+async def test_fresh_large_batches_are_staged_off_the_loop(any_rt):
+    """A new (unpinned) array each step: large ones are copied into pinned memory by worker
+    threads and uploaded from there; the data arrive intact and nothing stays locked."""
+    devs = any_rt.devices
+    n = (3 << 20) // 4 + 5                       # 3 MiB + a tail: several chunks, uneven
+    expect = [np.random.default_rng(i).standard_normal(n).astype(np.float32) for i in range(4)]
+
+    def fresh():
+        for e in expect:
+            yield {"x": e.copy(), "small": np.arange(8, dtype=np.int32)}   # new arrays each step
+
+    got = []
+    async with aiogpu.Loader(fresh(), devs[:1], prefetch=2, stage_threads=3) as loader:
+        async for b in loader:
+            await b.ready
+            got.append(await b.data["x"].to_numpy(np.float32))
+            assert (await b.data["small"].to_numpy(np.int32) == np.arange(8)).all()
+            b.release()
+        staged = loader.staged_bytes
+    assert staged == sum(e.nbytes for e in expect)          # the small arrays were not staged
+    for g, e in zip(got, expect):
+        np.testing.assert_array_equal(g, e)
+    assert any_rt.stats()["host_locks"] == 0
+
+
+def test_stage_threads_is_checked(any_rt):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="stage_threads"):
+            aiogpu.Loader([], any_rt.devices, stage_threads=bad)

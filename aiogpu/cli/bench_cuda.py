@@ -341,6 +341,52 @@ def bandwidth(rt: Any, raw: Raw, nbytes: int, reps: int) -> dict:
 
 
 # -- idle CPU ----------------------------------------------------------------------------------------
+def graph_raw(dev: Any, nodes: int, reps: int) -> float:
+    """us per node of a raw CUDA graph of ``nodes`` chained no-op kernels, launched with
+    ``cuGraphLaunch`` and synchronised each replay (what ``graph_replay_us_per_node`` measures
+    through aiogpu, which awaits each replay)."""
+    from aiogpu.cuda.driver import check, cu
+    loaded = dev.loaded(noop)
+    dev.make_current()
+    graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
+    keep, prev = [], []
+    for _ in range(nodes):
+        address, k = loaded.packed_copy([0])
+        keep.append(k)
+        p = cu.CUDA_KERNEL_NODE_PARAMS()
+        p.func = loaded.func
+        p.gridDimX = p.gridDimY = p.gridDimZ = p.blockDimX = p.blockDimY = p.blockDimZ = 1
+        p.sharedMemBytes = 0
+        p.kernelParams = address
+        prev = [check(cu.cuGraphAddKernelNode(graph, prev, len(prev), p), "cuGraphAddKernelNode")]
+    exe = check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    stream = check(cu.cuStreamCreate(1), "cuStreamCreate")
+    try:
+        cu.cuGraphLaunch(exe, stream)
+        cu.cuStreamSynchronize(stream)
+        t = time.perf_counter()
+        for _ in range(reps):
+            cu.cuGraphLaunch(exe, stream)
+            cu.cuStreamSynchronize(stream)
+        return (time.perf_counter() - t) / reps / nodes * 1e6
+    finally:
+        cu.cuStreamDestroy(stream)
+        cu.cuGraphExecDestroy(exe)
+        cu.cuGraphDestroy(graph)
+
+
+async def loader_fresh(dev: Any, count: int, nbytes: int) -> float:
+    """GB/s of ``aiogpu.Loader`` over ``count`` fresh (never pinned) host arrays on one GPU,
+    the consumer doing nothing but release: staging off the loop plus the upload."""
+    arrays = [np.full(nbytes // 4, i, np.float32) for i in range(count)]     # touched, unpinned
+    t = time.perf_counter()
+    async with aiogpu.Loader(iter(arrays), [dev], prefetch=2) as loader:
+        async for b in loader:
+            await b.ready
+            b.release()
+    return count * nbytes / (time.perf_counter() - t) / 1e9
+
+
 def idle_cpu(dev: Any, seconds: float) -> float:
     async def main() -> float:
         f = dev.launch(spin_ms, (1,), (1,), (int(seconds * 1000),))
@@ -405,6 +451,7 @@ def measure(quick: bool) -> dict:
         res["aiogpu_ops_per_s_64_asyncio"] = asyncio.run(tp_aiogpu(dev, 64, per_task))
         progress("graph replay: 100-node chain")
         res.update(_uvloop_run(graph_costs([dev], 100, 5 if quick else 50)))
+        res["graph_raw_us_per_node"] = graph_raw(dev, 100, 5 if quick else 50)
         progress("bandwidth")
         res.update(bandwidth(rt, raw, (64 << 20) if quick else (1 << 30), 5 if quick else 10))
         small = bandwidth(rt, raw, 256 << 20, 5 if quick else 20)
@@ -412,6 +459,8 @@ def measure(quick: bool) -> dict:
         res["bandwidth_bytes"] = (64 << 20) if quick else (1 << 30)
         progress("data loading: serial vs aiogpu.Loader")
         res.update(_uvloop_run(loader_throughput(rt.devices, 16 if quick else 64, 1 << 24, iters=1500)))
+        progress("data loading: fresh 64 MiB host arrays")
+        res["loader_fresh_GBs"] = _uvloop_run(loader_fresh(dev, 8 if quick else 24, 64 << 20))
         progress("idle CPU while awaiting a long kernel")
         res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
         res["stats"] = rt.stats()
@@ -425,6 +474,9 @@ def measure(quick: bool) -> dict:
     res["ops_ratio_64"] = res["aiogpu_ops_per_s_64"] / res["executor_ops_per_s_64"]
     for d in ("h2d", "d2h", "d2d"):
         res[f"{d}_fraction_of_raw"] = res[f"{d}_GBs_aiogpu"] / res[f"{d}_GBs_raw"]
+    res["loader_fresh_fraction_of_raw"] = res["loader_fresh_GBs"] / res["h2d_GBs_raw"]
+    res["graph_over_raw"] = res["graph_replay_us_per_node"] / res["graph_raw_us_per_node"]
+    res["submit_over_launch"] = res["submit_us_aiogpu_launch_bindings"] / res["call_us_launch_bindings"]
     return res
 
 
@@ -450,7 +502,8 @@ ROWS = [
     ("  aiogpu launch() submit bindings/ctypes", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_ctypes")),
     ("awaited ops/s, 8 tasks: aiogpu / executor", ("aiogpu_ops_per_s_8", "executor_ops_per_s_8")),
     ("awaited ops/s, 64 tasks: aiogpu / executor", ("aiogpu_ops_per_s_64", "executor_ops_per_s_64")),
-    ("100-node chain, us/node: graph replay", "graph_replay_us_per_node"),
+    ("100-node chain, us/node: graph replay / raw cuGraphLaunch", ("graph_replay_us_per_node",
+                                                                    "graph_raw_us_per_node")),
     ("  individually awaited / chained launches", ("awaited_launch_us_per_node", "chained_launch_us_per_node")),
     ("H2D GB/s (1 GiB copies): aiogpu / raw", ("h2d_GBs_aiogpu", "h2d_GBs_raw")),
     ("D2H GB/s: aiogpu / raw", ("d2h_GBs_aiogpu", "d2h_GBs_raw")),
@@ -460,6 +513,7 @@ ROWS = [
                                                     "d2d_GBs_aiogpu_256MiB", "d2d_GBs_raw_256MiB")),
     ("batches/s (64 MiB): copy then compute / aiogpu.Loader", ("loader_serial_batches_per_s",
                                                              "loader_pipelined_batches_per_s")),
+    ("fresh 64 MiB arrays through aiogpu.Loader, GB/s", "loader_fresh_GBs"),
     ("idle runtime awaiting a long kernel, CPU %", "idle_cpu_percent"),
 ]
 

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Mapping
+from typing import Any
 
 
 from ..device import check_args
