@@ -136,7 +136,7 @@ class Loader:
         async with self._send:
             async with anyio.create_task_group() as waiting:
                 index = 0
-                async for host in _aiterate(self.source):
+                async for host in aiterate(self.source):
                     device = self.devices[index % len(self.devices)]
                     await self._slots[id(device)].acquire()
                     host = await self._stage_structure(device, host)
@@ -217,7 +217,9 @@ class Loader:
         self._slots[id(batch.device)].release()
 
 
-async def _aiterate(source: Any) -> AsyncIterator:
+async def aiterate(source: Any) -> AsyncIterator:
+    """The items of a sync or async iterable, as an async iterator (a sync one yields to the
+    loop between items)."""
     if hasattr(source, "__aiter__"):
         async for item in source:
             yield item

@@ -52,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
     raise ImportError("aiogpu.ray needs Ray, which is not installed here: pip install 'aiogpu[ray]'") from exc
 
 import aiogpu
+from aiogpu.dataloader import aiterate
 
 __all__ = ["EMULATED_GPU", "GPUAssignment", "NoGPUsAssigned", "GPUActor", "assigned_gpus", "gpu_options",
            "actor_runtime", "close_actor_runtime", "gather", "batches_from_refs", "batches_from_dataset"]
@@ -351,17 +352,8 @@ def batches_from_refs(refs: AsyncIterable[Any] | Iterable[Any], *, max_in_flight
     return _stream_refs(refs, max_in_flight)
 
 
-async def _aiter_refs(refs: Any) -> AsyncIterator[Any]:
-    if hasattr(refs, "__aiter__"):
-        async for ref in refs:
-            yield ref
-    else:
-        for ref in refs:
-            yield ref
-
-
 async def _stream_refs(refs: Any, max_in_flight: int) -> AsyncIterator[Any]:
-    source = _aiter_refs(refs)
+    source = aiterate(refs)
     pending: deque[asyncio.Future] = deque()
     taken = 0
     exhausted = False
