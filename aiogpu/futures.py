@@ -341,10 +341,15 @@ class FutureHub:
             for key, fut in completed:
                 if self._pending.get(key) is not fut:
                     continue
-                if fut._state == PENDING:
-                    self._finish(fut, None, posts)
-                else:
-                    self._retire(fut)
+                try:
+                    if fut._state == PENDING:
+                        self._finish(fut, None, posts)
+                    else:
+                        self._retire(fut)
+                except Exception as exc:  # noqa: BLE001 - the waiter must never die of it
+                    log.exception("settling %r failed", fut)
+                    if fut._state == PENDING:
+                        self._finish(fut, GPUError(f"{fut.label}: settling it failed: {exc!r}"), posts)
             if self.watchdog_s is not None:
                 self._check_watchdog(posts)
         self._post(posts)
@@ -399,7 +404,10 @@ class FutureHub:
         if fut.signal and self._pending.pop(fut.signal, None) is not None:
             self._dirty = True
         for fn in fut._cleanup:
-            fn()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one failed release must not stop the others
+                log.exception("releasing what %r held failed", fut)
         fut._cleanup = []
         for key in fut._dep_signals:
             self.release_key(key)

@@ -1,0 +1,83 @@
+"""Regressions of issue 13: resource limits, the waiter's robustness, close, the watchdog, joins,
+captures, host-range ordering, failed-buffer resets, shader-copy grids and option checks.
+
+Public-API behaviour takes ``any_rt``/``make_any`` (every backend); tests that need the
+emulator's fault injection or its internals take ``make_runtime``.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import aiogpu
+from gpu_kernels import Gate, add_const_n, sleep_ms
+
+
+# -- item 4: the kernarg back-log ------------------------------------------------------------------
+def test_kernarg_backlog_drains_once_the_head_entry_is_freed(make_runtime, monkeypatch):
+    """A long kernel holds the head of its queue's kernarg ring while short ones finish; the
+    launch that waits for kernarg room runs once the long kernel retires."""
+    import aiogpu.hsa.runtime as hsa_runtime
+    monkeypatch.setattr(hsa_runtime, "KERNARG_RING_BYTES", 16 * 64)     # 16 entries
+    rt = make_runtime(gpus=1, queues_per_device=1)
+    d0 = rt.devices[0]
+    gate = Gate()
+    held = gate.launch(d0)
+    for _ in range(15):                      # the rest of the ring; they finish, the head stays
+        assert d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)).wait(20)
+    waiting = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    assert len(d0.queues[0].backlog) == 1, "the launch should wait for kernarg room"
+    gate.open()
+    assert held.wait(20)
+    assert waiting.wait(20), "the back-logged launch never ran"
+    assert waiting.exception() is None
+
+
+# -- item 3: a graph lane longer than the ring; the waiter never dies -----------------------------
+@pytest.mark.asyncio
+async def test_graph_lane_longer_than_the_ring_replays(any_rt):
+    d0 = any_rt.devices[0]
+    n = 16
+    buf = d0.alloc(n * 8)
+    await aiogpu.copy(buf, np.zeros(n, np.int64))
+    with aiogpu.Graph() as g:                 # a 1,030-node chain (one buffer: one queue)
+        for _ in range(1030):
+            d0.launch(add_const_n, grid=(n,), block=(n,), args=(buf, 1, n))
+    exe = g.instantiate()
+    first = exe.launch()
+    second = exe.launch()                     # waits behind the first (the back-log on HSA)
+    await asyncio.wait_for(aiogpu.gather(first, second), 120)
+    assert (await buf.to_numpy(np.int64) == 2060).all()
+
+
+def test_waiter_survives_a_group_that_fails_to_publish(make_runtime, monkeypatch):
+    """Whatever goes wrong while the waiter drains a back-log fails the work concerned; the
+    waiter goes on and later work runs."""
+    from aiogpu import queues
+    rt = make_runtime(gpus=1, queues_per_device=1, ring_size=4)
+    d0 = rt.devices[0]
+    gate = Gate()
+    held = gate.launch(d0)
+    fill = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)) for _ in range(3)]
+    victim = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    later = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    assert len(d0.queues[0].backlog) == 2
+    real = queues.AqlQueue._write_bodies
+    calls = []
+
+    def broken_once(self, first, blob, n):
+        calls.append(first)
+        if len(calls) == 1:
+            raise RuntimeError("injected: writing the ring failed")
+        return real(self, first, blob, n)
+
+    monkeypatch.setattr(queues.AqlQueue, "_write_bodies", broken_once)
+    gate.open()
+    assert all(f.wait(20) for f in [held, *fill])
+    assert victim.wait(20), "the waiter died draining the back-log"
+    assert isinstance(victim.exception(), aiogpu.GPUError)
+    assert "injected" in str(victim.exception())
+    assert later.wait(20) and later.exception() is None
+    assert rt.hub._thread.is_alive()
