@@ -282,16 +282,23 @@ class Runtime:
                 CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), deps))
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
-        """Host pointers, then the engine when one can take the copy, else a shader copy."""
-        self._host_pointers(op)
-        fut = None
-        if self.copy_engines or not self._shader_can_copy(op):
-            fut = self._submit_copy(op, deps)
-        if fut is None:
-            dev, n = op.device, op.nbytes
-            fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n), (256,),
-                                     [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state], [op.dst.state],
-                                     keep=op.keep, cleanup=op.cleanup, copy=op)
+        """Host pointers, then the engine when one can take the copy, else a shader copy. The
+        hooks raise only before a future took ``op.cleanup`` over: then the host memory they
+        locked is released here."""
+        try:
+            self._host_pointers(op)
+            fut = None
+            if self.copy_engines or not self._shader_can_copy(op):
+                fut = self._submit_copy(op, deps)
+            if fut is None:
+                dev, n = op.device, op.nbytes
+                fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
+                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state],
+                                         [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
+        except BaseException:
+            for fn in op.cleanup:
+                fn()
+            raise
         fut.kind, fut.nbytes = "copy", op.nbytes
         return fut
 

@@ -81,3 +81,34 @@ def test_waiter_survives_a_group_that_fails_to_publish(make_runtime, monkeypatch
     assert "injected" in str(victim.exception())
     assert later.wait(20) and later.exception() is None
     assert rt.hub._thread.is_alive()
+
+
+# -- item 8: an exception inside launch leaves nothing behind -------------------------------------
+def test_an_error_while_packing_leaves_no_future_or_lock_behind(make_runtime, monkeypatch):
+    """E.g. a RuntimeWarning turned into an error while packing a scalar: the launch (or shader
+    copy) raises it before any future exists, no host lock stays held, close does not wait."""
+    import time
+
+    import aiogpu.hsa.device as hsa_device
+    from gpu_kernels import scale
+    rt = make_runtime(copy_engines=False)           # copies are shader copies: they pack too
+    d0 = rt.devices[0]
+    buf = d0.alloc(64)
+    real = hsa_device.pack_args
+
+    def overflowing(*args):
+        raise RuntimeWarning("overflow encountered in cast")
+
+    monkeypatch.setattr(hsa_device, "pack_args", overflowing)
+    with pytest.raises(RuntimeWarning):
+        d0.launch(scale, grid=(16,), block=(16,), args=(buf, 2.0, 16))
+    with pytest.raises(RuntimeWarning):
+        aiogpu.copy(buf, np.ones(16, np.float32))
+    stats = rt.stats()
+    assert stats["pending"] == 0 and stats["signals_in_use"] == 0 and stats["host_locks"] == 0
+    monkeypatch.setattr(hsa_device, "pack_args", real)
+    assert aiogpu.copy(buf, np.ones(16, np.float32)).wait(20)
+    assert d0.launch(scale, grid=(16,), block=(16,), args=(buf, 2.0, 16)).wait(20)
+    t0 = time.monotonic()
+    rt.close()
+    assert time.monotonic() - t0 < 5, "close waited for a future that can never complete"
