@@ -112,3 +112,25 @@ def test_an_error_while_packing_leaves_no_future_or_lock_behind(make_runtime, mo
     t0 = time.monotonic()
     rt.close()
     assert time.monotonic() - t0 < 5, "close waited for a future that can never complete"
+
+
+# -- item 18: engine errors other than OUT_OF_RESOURCES ------------------------------------------
+@pytest.mark.asyncio
+async def test_copy_engine_error_fails_the_copy_and_releases_its_host_lock(make_runtime, monkeypatch):
+    from aiogpu.hsa_bindings import types as T
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    buf = d0.alloc(4096)
+    monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy_on_engine",
+                        lambda *args: T.HSA_STATUS_ERROR_INVALID_ARGUMENT)
+    host = np.arange(1024, dtype=np.int32)
+    fut = aiogpu.copy(buf, host)
+    with pytest.raises(aiogpu.GPUError, match="INVALID_ARGUMENT"):
+        await asyncio.wait_for(fut, 20)
+    stats = rt.stats()
+    assert stats["pending"] == 0 and stats["host_locks"] == 0
+    with pytest.raises(aiogpu.GPUError):          # what it would have written reads as failed
+        await asyncio.wait_for(buf.to_numpy(), 20)
+    monkeypatch.undo()
+    await aiogpu.copy(buf, host)                  # a later copy overwrites it
+    assert (await buf.to_numpy(np.int32) == host).all()

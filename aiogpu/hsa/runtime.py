@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import ordering
 from ..errors import GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
@@ -190,7 +191,9 @@ class HsaRuntime(Runtime):
 
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
         """The copy on one of the device's SDMA engines (source device for peer copies and
-        device-to-host, destination for host-to-device); None when none can take it."""
+        device-to-host, destination for host-to-device); None when none can take it. An engine
+        that refuses the copy with another error fails it: the future returned has failed
+        (what it would have written reads as failed) and the host memory it locked is released."""
         device: HsaDevice = op.device
         dst_agent, src_agent = self.agent_of(op.dst), self.agent_of(op.src)
         engine = device.engines.pick(dst_agent, src_agent)
@@ -201,17 +204,30 @@ class HsaRuntime(Runtime):
         live = [d for d in deps if not d.retired]
         for dep in live:
             self.hub.depend(fut, dep, semantic=deps[dep])
-        name = device.engines.submit(engine, op.dst.ptr, dst_agent, op.src.ptr, src_agent, op.nbytes,
-                                     [d.signal for d in live], fut.signal)
+        try:
+            name = device.engines.submit(engine, op.dst.ptr, dst_agent, op.src.ptr, src_agent, op.nbytes,
+                                         [d.signal for d in live], fut.signal)
+        except GPUError as exc:
+            self._withdraw(fut, live)
+            for fn in op.cleanup:
+                fn()
+            op.cleanup.clear()
+            err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
+            err.__cause__ = exc
+            return ordering.failed_without_running(self.hub, op.label, err, [op.dst.state])
         if name is None:           # the engine ran out between status and submit
-            for dep in live:
-                if fut in dep._dependents:
-                    dep._dependents.remove(fut)
-            self.hub.discard(fut)
+            self._withdraw(fut, live)
             return None
         fut.queue = name
         self.track(fut, [op.src.state], [op.dst.state], live, op.keep, op.cleanup)
         return fut
+
+    def _withdraw(self, fut: GPUFuture, live: list) -> None:
+        """Forget a copy future whose engine did not take the copy."""
+        for dep in live:
+            if fut in dep._dependents:
+                dep._dependents.remove(fut)
+        self.hub.discard(fut)
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
     def _submit_join(self, device: Any, live: list, deps: dict) -> GPUFuture:
