@@ -64,6 +64,7 @@ class Graph:
         self.nodes: list[GraphNode] = []
         self.runtime: Any = None
         self._states: dict[Any, _NodeState] = {}
+        self._host = ordering.Hazards()        # host arrays: by address range, as at run time
         self._token: Any = None
 
     def __enter__(self) -> "Graph":
@@ -82,7 +83,9 @@ class Graph:
         return True
 
     # -- recording (called by Device.launch, Runtime.copy, Runtime.gather) -----------------------
-    def _state(self, key: Any) -> _NodeState:
+    def _state(self, key: Any) -> Any:
+        if isinstance(key, tuple) and key[0] == "host":
+            return self._host.host(key[1], key[2])
         state = self._states.get(key)
         if state is None:
             state = self._states[key] = _NodeState()

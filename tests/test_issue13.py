@@ -134,3 +134,96 @@ async def test_copy_engine_error_fails_the_copy_and_releases_its_host_lock(make_
     monkeypatch.undo()
     await aiogpu.copy(buf, host)                  # a later copy overwrites it
     assert (await buf.to_numpy(np.int32) == host).all()
+
+
+# -- item 10: overlapping host arrays are ordered by address range --------------------------------
+@pytest.mark.asyncio
+async def test_upload_after_download_into_an_overlapping_slice_reads_the_new_data(any_rt):
+    d0 = any_rt.devices[0]
+    n = 16
+    a, b = d0.alloc(n * 8), d0.alloc(4 * n * 8)
+    await aiogpu.copy(a, np.zeros(n, np.int64))
+    slow = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(200,))
+    d0.launch(add_const_n, grid=(n,), block=(n,), args=(a, 7, n), after=[slow])
+    h = np.zeros(4 * n, np.int64)
+    # (A slice that starts where h starts needs the emulator's unlock by address and size.)
+    down = aiogpu.copy(h[n:2 * n], a)             # after the slow writer of a
+    up = aiogpu.copy(b, h)                        # reads h, which overlaps that slice: after down
+    await asyncio.wait_for(aiogpu.gather(down, up), 20)
+    got = await b.to_numpy(np.int64)
+    assert (got[n:2 * n] == 7).all() and (got[:n] == 0).all() and (got[2 * n:] == 0).all()
+
+
+@pytest.mark.asyncio
+async def test_download_into_an_array_waits_for_uploads_of_overlapping_slices(any_rt):
+    d0 = any_rt.devices[0]
+    n = 16
+    a, b = d0.alloc(n * 8), d0.alloc(4 * n * 8)
+    await aiogpu.copy(b, np.full(4 * n, 5, np.int64))
+    h = np.arange(4 * n, dtype=np.int64)
+    slow = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(200,))
+    up = aiogpu.copy(a, h[n:2 * n], after=[slow])  # reads h[n:2n] late
+    down = aiogpu.copy(h, b)                      # overwrites all of h: after up has read it
+    await asyncio.wait_for(aiogpu.gather(up, down), 20)
+    assert (await a.to_numpy(np.int64) == np.arange(n, 2 * n)).all()
+    assert (h == 5).all()
+
+
+def _fake_future():
+    from aiogpu.futures import GPUFuture
+    f = GPUFuture(None, "fake")
+    f.retired = False
+    return f
+
+
+def test_host_hazards_follow_overlapping_address_ranges():
+    from aiogpu import ordering
+    hz = ordering.Hazards()
+    w1, w2, r1 = _fake_future(), _fake_future(), _fake_future()
+    ordering.record(w1, [], [hz.host(1000, 100)])           # writes [1000, 1100)
+    ordering.record(w2, [], [hz.host(1050, 100)])           # writes [1050, 1150)
+    ordering.record(r1, [hz.host(2000, 10)], [])            # reads elsewhere
+    deps = ordering.dependencies([hz.host(1000, 60)], [], [])
+    assert set(deps) == {w1, w2} and all(deps.values())     # read after both writes
+    assert set(ordering.dependencies([hz.host(1100, 10)], [], [])) == {w2}
+    assert ordering.dependencies([hz.host(1150, 10)], [], []) == {}   # adjacent: no overlap
+    assert set(ordering.dependencies([], [hz.host(1995, 10)], [])) == {r1}   # write after read
+    assert hz.host(1050, 100).last_write is w2
+    w1.retired = w2.retired = r1.retired = True
+    for state in (hz.host(1000, 100), hz.host(1050, 100), hz.host(2000, 10)):
+        hz.prune_host(state)
+    assert hz.host_ranges == 0
+
+
+def test_host_hazards_look_up_by_bisection():
+    """Thousands of live host ranges: a lookup touches the overlapping ones only, not all."""
+    from aiogpu import ordering
+    hz = ordering.Hazards()
+    futs = [_fake_future() for _ in range(5000)]
+    for i, f in enumerate(futs):
+        ordering.record(f, [], [hz.host(i * 4096, 1024)])
+
+    class Counting(list):
+        touched = 0
+
+        def __getitem__(self, i):
+            got = super().__getitem__(i)
+            Counting.touched += len(got) if isinstance(i, slice) else 1
+            return got
+
+    hz._segs = Counting(hz._segs)
+    deps = ordering.dependencies([hz.host(2500 * 4096 + 512, 4096)], [], [])
+    assert set(deps) == {futs[2500], futs[2501]}
+    assert Counting.touched < 50, f"a lookup touched {Counting.touched} of 5000 host ranges"
+
+
+def test_capture_orders_copies_of_overlapping_host_arrays(any_rt):
+    d0 = any_rt.devices[0]
+    a, b = d0.alloc(128), d0.alloc(512)
+    h = np.zeros(128, np.int32)
+    with aiogpu.Graph():
+        down = aiogpu.copy(h[:32], a)
+        up = aiogpu.copy(b, h)
+        other = aiogpu.copy(a, np.zeros(32, np.int32))
+    assert down in up.deps and up.deps[down] is True       # read after write, by address range
+    assert up not in other.deps

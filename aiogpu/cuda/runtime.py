@@ -221,11 +221,16 @@ class CudaRuntime(Runtime):
         return run
 
     def _host_source(self, arr: np.ndarray, state: Any, nbytes: int, cleanup: list) -> int:
-        """A device-readable pointer holding ``arr``'s bytes for a host-to-device copy."""
+        """A device-readable pointer holding ``arr``'s bytes for a host-to-device copy.
+
+        (A bounced device-to-host copy into only part of ``arr``, still pending, lands on the
+        host after this copy may have read ``arr`` in place: such arrays must not be uploaded
+        before that copy completed. Bounces happen only for arrays whose pages are held by a
+        busy registration that does not cover them.)"""
         addr = arr.__array_interface__["data"][0]
         writer = state.last_write
         pending = writer is not None and not writer.retired
-        block = getattr(writer, "staging", None) if pending else None
+        block = getattr(writer, "staging", None) if pending and state.written_by(writer) else None
         if block is not None and not writer.done():
             # A device-to-host copy into ``arr`` went through a bounce block and has not
             # landed in ``arr`` yet: its block holds the newest bytes, on the device side.
@@ -251,9 +256,7 @@ class CudaRuntime(Runtime):
                           cleanup: list) -> tuple[int, list | None, Any]:
         """(device-writable pointer, host-side completion steps, bounce block) for a
         device-to-host copy into ``arr``."""
-        writer = state.last_write
-        after_bounce = (writer is not None and not writer.retired
-                        and getattr(writer, "staging", None) is not None)
+        after_bounce = any(getattr(w, "staging", None) is not None for w in state.writers())
         if not after_bounce:        # (after a bounced write, bounce too: host steps stay in order)
             got = self.host.pin(arr)
             if got is not None:
