@@ -227,3 +227,34 @@ def test_capture_orders_copies_of_overlapping_host_arrays(any_rt):
         other = aiogpu.copy(a, np.zeros(32, np.int32))
     assert down in up.deps and up.deps[down] is True       # read after write, by address range
     assert up not in other.deps
+
+
+# -- item 22: a rejected replay leaves no ordering state behind ----------------------------------
+def test_rejected_replays_leave_no_ordering_state(make_runtime):
+    from gpu_kernels import fail_if
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    a, x = d0.alloc(64), d0.alloc(64)
+    h = np.zeros(16, np.int32)
+    with aiogpu.Graph() as g:
+        aiogpu.copy(h, a)
+        d0.launch(add_const_n, grid=(8,), block=(8,), args=(x, 1, 8))
+    exe = g.instantiate()
+    assert exe.launch().wait(20)
+    # Rejected as bad input: a buffer it uses was freed.
+    x.free()
+    with pytest.raises(ValueError, match="freed"):
+        exe.launch()
+    assert rt.stats()["host_ranges"] == 0 and rt.stats()["pending"] == 0
+    # Rejected because an input failed: it fails without running.
+    with aiogpu.Graph() as g2:
+        aiogpu.copy(h, a)
+    exe2 = g2.instantiate()
+    assert d0.launch(fail_if, grid=(1,), block=(1,), args=(a, 1)).wait(20)
+    replay = exe2.launch()
+    assert replay.wait(20) and isinstance(replay.exception(), aiogpu.GPUError)
+    stats = rt.stats()
+    assert stats["host_ranges"] == 0 and stats["pending"] == 0 and stats["signals_in_use"] == 0
+    del exe, exe2                    # (executables keep their host arrays locked while they live)
+    import gc
+    gc.collect()
