@@ -38,7 +38,7 @@ class GPUFuture:
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "keep", "__weakref__")
+                 "lane", "submitted_at", "ready_at", "keep", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub = hub
@@ -64,6 +64,7 @@ class GPUFuture:
         self.packet: int | None = None    # packet index of the completion packet in that queue
         self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
         self.submitted_at = time.monotonic()
+        self.ready_at: float | None = None  # when the watchdog saw that it could run
         self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
 
     # -- state -------------------------------------------------------------------------------
@@ -170,6 +171,13 @@ class _CallbackAwaiter:
 
     def __getitem__(self, i: int) -> Any:  # trio ports use [task, woken] cells
         raise TypeError
+
+
+def _finished(fut: GPUFuture) -> bool:
+    """Whether ``fut`` no longer holds back work ordered after it (the watchdog's view): it
+    completed, or its work retired, or the watchdog itself gave up on it."""
+    from .errors import WatchdogTimeout
+    return fut._state == DONE or fut.retired or isinstance(fut._exc, WatchdogTimeout)
 
 
 def completed_future(hub: "FutureHub | None", label: str = "",
@@ -355,11 +363,27 @@ class FutureHub:
         self._post(posts)
 
     def _check_watchdog(self, posts: dict) -> None:
+        """Fail work whose completion has not arrived ``watchdog_s`` seconds after it could
+        start: after every operation it waits for has finished and every earlier one on its
+        lane (queue or stream) has settled, as this check observed. Time spent waiting behind
+        other work does not count; a graph replay's work on one lane counts as one operation."""
         from .errors import WatchdogTimeout
 
-        deadline = time.monotonic() - self.watchdog_s
-        stale = [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline
-                 and all(self.is_complete(k) for k in f._dep_signals)]   # runnable, yet silent
+        now = time.monotonic()
+        deadline = now - self.watchdog_s
+        first_on_lane: dict[int, GPUFuture] = {}
+        for f in self._pending.values():        # in submission order
+            if f._state == PENDING and f.lane is not None:
+                first_on_lane.setdefault(id(f.lane), f)
+        stale = []
+        for f in self._pending.values():
+            if f._state != PENDING:
+                continue
+            if f.ready_at is None:
+                if (f.lane is None or first_on_lane[id(f.lane)] is f) and all(map(_finished, f.preds)):
+                    f.ready_at = now
+            elif f.ready_at < deadline:
+                stale.append(f)                  # runnable, yet silent
         for fut in stale:
             if fut._state != PENDING:      # failed meanwhile by an abort of its queue
                 continue

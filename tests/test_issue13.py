@@ -258,3 +258,29 @@ def test_rejected_replays_leave_no_ordering_state(make_runtime):
     del exe, exe2                    # (executables keep their host arrays locked while they live)
     import gc
     gc.collect()
+
+
+# -- item 12: the watchdog counts from when the work could start ---------------------------------
+@pytest.mark.asyncio
+async def test_watchdog_spares_healthy_work_queued_behind_other_work(make_any):
+    rt = make_any(watchdog_s=0.5)
+    d0 = rt.devices[0]
+    await d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))     # (CUDA: load the kernel)
+    futs, prev = [], []
+    for _ in range(8):                   # 8 x 150 ms, each after the previous: 1.2 s in all
+        prev = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(150,), after=prev)]
+        futs += prev
+    await asyncio.wait_for(aiogpu.gather(*futs), 30)
+    assert all(f.exception() is None for f in futs)
+
+
+def test_watchdog_still_fails_a_lost_completion(make_runtime):
+    rt = make_runtime(gpus=2, watchdog_s=0.3)
+    d0, d1 = rt.devices
+    rt.api.emulator.faults.lose_completion_at(1, agent=d0.index)
+    lost = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    behind = d1.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[lost])   # waits on its signal
+    assert lost.wait(20) and isinstance(lost.exception(), aiogpu.WatchdogTimeout)
+    assert behind.wait(20) and isinstance(behind.exception(), aiogpu.GPUError)
+    ok = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    assert ok.wait(20) and ok.exception() is None
