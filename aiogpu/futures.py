@@ -38,7 +38,7 @@ class GPUFuture:
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "ready_at", "keep", "__weakref__")
+                 "lane", "submitted_at", "ready_at", "keep", "members", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub = hub
@@ -66,6 +66,7 @@ class GPUFuture:
         self.submitted_at = time.monotonic()
         self.ready_at: float | None = None  # when the watchdog saw that it could run
         self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
+        self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -400,9 +401,14 @@ class FutureHub:
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
-        """Settle the user-visible state; retire at once on success (the signal said so)."""
+        """Settle the user-visible state; retire at once when the device completed it (the
+        signal said so). A join completed on the device fails then with its first failed
+        member's error."""
         if fut._state != PENDING:
             return
+        completed = exc is None
+        if completed and fut.members is not None:
+            exc = next((m._exc for m in fut.members if m._state == FAILED), None)
         fut._state = FAILED if exc is not None else DONE
         fut._exc = exc
         if _trace.active is not None and fut.signal:
@@ -415,10 +421,10 @@ class FutureHub:
         fut._callbacks = []
         if fut._event is not None:
             fut._event.set()
-        if exc is None:
-            self._retire(fut)
-        else:
+        if exc is not None:
             self._propagate(fut, exc, posts)
+        if completed:
+            self._retire(fut)
 
     def _retire(self, fut: GPUFuture) -> None:
         """The work has retired on the device: free what it held, recycle its signal."""

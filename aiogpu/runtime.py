@@ -378,20 +378,26 @@ class Runtime:
 
     # -- joins ---------------------------------------------------------------------------------
     def gather(self, futures: Iterable[GPUFuture]) -> GPUFuture:
-        """One future for all of ``futures`` (a join on the device where possible)."""
+        """One future for all of ``futures`` (a join on the device where possible). It settles
+        once every member has settled and the device is done with its work (as trio's nurseries
+        and anyio's task groups wait for every child, unlike ``asyncio.gather``), then fails
+        with the error of the first member, in argument order, that failed."""
         futures = self.check_after(list(futures))
         capture = self.capturing()
         if capture is not None:
             return capture.record_gather(futures)
         with self.lock:
             self.check_open()
-            deps = {f: True for f in futures}
-            err = ordering.failed_dependency(deps)
             live = [f for f in futures if not f.retired]
-            if err is not None or not live:
+            if not live:
+                err = next((f._exc for f in futures if f._exc is not None), None)
                 return completed_future(self.hub, "gather", err)
             device = next((f.device for f in live if f.device is not None), self.devices[0])
-            return self._submit_join(device, live, deps)
+            # Ordering edges only: a member's failure must not settle the join early.
+            fut = self._submit_join(device, live, {f: False for f in live})
+            if fut.members is None and not fut.done():
+                fut.members = futures
+            return fut
 
     # -- graphs ----------------------------------------------------------------------------------
     def instantiate(self, graph: Any) -> Any:

@@ -284,3 +284,24 @@ def test_watchdog_still_fails_a_lost_completion(make_runtime):
     assert behind.wait(20) and isinstance(behind.exception(), aiogpu.GPUError)
     ok = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
     assert ok.wait(20) and ok.exception() is None
+
+
+# -- item 13: a join completes when every member has settled -------------------------------------
+def test_gather_settles_after_every_member_then_fails_with_the_first_error(make_runtime):
+    from gpu_kernels import fail_if
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    gate = Gate()
+    slow = gate.launch(d1)
+    bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(d0.alloc(4), 1))
+    joined = aiogpu.gather(slow, bad)
+    assert bad.wait(20) and isinstance(bad.exception(), aiogpu.GPUError)
+    assert not joined.wait(0.3), "the join completed while a member was still running"
+    later = aiogpu.gather(bad, slow)             # a member failed already: it waits all the same
+    assert not later.done()
+    gate.open()
+    for j in (joined, later):
+        assert j.wait(20) and j.exception() is bad.exception()
+    assert slow.exception() is None
+    assert aiogpu.gather(slow, bad).exception() is bad.exception()   # all settled: at once
+    assert aiogpu.gather(slow).wait(20) and aiogpu.gather(slow).exception() is None

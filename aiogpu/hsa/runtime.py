@@ -236,7 +236,7 @@ class HsaRuntime(Runtime):
         fut = self.hub.new_future(f"gather of {len(deps)}")
         fut.device, fut.kind, fut.lane = device, "join", queue
         for dep in live:
-            self.hub.depend(fut, dep)
+            self.hub.depend(fut, dep, semantic=deps[dep])
         packets = barrier_and_packets([d.signal for d in live], fut.signal)
         device.submit_group(fut, queue, packets, [], [], live)
         return fut
