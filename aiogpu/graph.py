@@ -58,7 +58,10 @@ class _NodeState:
 
 
 class Graph:
-    """Records operations of one runtime instead of running them (``with Graph() as g:``)."""
+    """Records operations of one runtime instead of running them (``with Graph() as g:``).
+
+    The capture belongs to the block: to the task (or thread) that entered it. Tasks and threads
+    started inside it run their operations, as they would outside."""
 
     def __init__(self) -> None:
         self.nodes: list[GraphNode] = []

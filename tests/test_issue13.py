@@ -305,3 +305,54 @@ def test_gather_settles_after_every_member_then_fails_with_the_first_error(make_
     assert slow.exception() is None
     assert aiogpu.gather(slow, bad).exception() is bad.exception()   # all settled: at once
     assert aiogpu.gather(slow).wait(20) and aiogpu.gather(slow).exception() is None
+
+
+# -- item 14: capture belongs to the block, not to the tasks it spawns ----------------------------
+async def _capture_and_spawn(rt, spawn):
+    """Launches of a task (or thread) started inside ``with Graph()`` run; the block's own are
+    captured."""
+    import anyio
+    from aiogpu.graph import GraphNode
+    d0 = rt.devices[0]
+    buf = d0.alloc(64)
+    await aiogpu.copy(buf, np.zeros(8, np.int64))
+    got = []
+
+    async def task():
+        got.append(d0.launch(add_const_n, grid=(8,), block=(8,), args=(buf, 1, 8)))
+
+    with aiogpu.Graph() as g:
+        node = d0.launch(add_const_n, grid=(8,), block=(8,), args=(buf, 10, 8))
+        await spawn(task)
+        got.append(await anyio.to_thread.run_sync(
+            lambda: d0.launch(add_const_n, grid=(8,), block=(8,), args=(buf, 100, 8))))
+    assert isinstance(node, GraphNode) and g.nodes == [node]
+    assert len(got) == 2 and not any(isinstance(f, GraphNode) for f in got)
+    await aiogpu.gather(*got)
+    assert (await buf.to_numpy(np.int64) == 101).all()
+
+
+@pytest.mark.asyncio
+async def test_tasks_spawned_inside_a_capture_are_not_captured_asyncio(any_rt):
+    async def spawn(fn):
+        await asyncio.create_task(fn())
+    await _capture_and_spawn(any_rt, spawn)
+
+
+def test_tasks_spawned_inside_a_capture_are_not_captured_trio(any_rt):
+    import anyio
+    pytest.importorskip("trio")
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            async def spawn(fn):
+                done = anyio.Event()
+
+                async def run():
+                    await fn()
+                    done.set()
+                tg.start_soon(run)
+                await done.wait()
+            await _capture_and_spawn(any_rt, spawn)
+
+    anyio.run(main, backend="trio")
