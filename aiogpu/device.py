@@ -211,8 +211,9 @@ class Device:
 
         Returns at once with a GPUFuture. Bad input raises ValueError/TypeError before anything
         is submitted. The launch waits on the device for ``after`` and for earlier operations
-        that conflict with the buffers it uses (its pointer arguments are read, and written
-        unless ``const``).
+        that conflict with the buffers it uses: its pointer arguments are read and written,
+        ``const T*`` ones only read, ``out T*`` ones only written. It fails if something it
+        reads failed; writing memory that a failed operation left undefined defines it again.
         """
         rt = self.runtime
         grid, block = check_launch(kernel, grid, block)
@@ -222,7 +223,7 @@ class Device:
         capture = rt.capturing()
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
-        reads = list(buffers.values())
+        reads = [buffers[i] for i in kernel.reads if i in buffers]
         writes = [buffers[i] for i in kernel.writes if i in buffers]
         with rt.lock:
             rt.check_open()

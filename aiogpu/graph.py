@@ -109,7 +109,7 @@ class Graph:
                       after: list) -> GraphNode:
         """A launch node (arguments already checked by ``Device.launch``)."""
         buffers = {i: a for i, a in enumerate(args) if isinstance(a, Buffer)}
-        reads = list(buffers.values())
+        reads = [buffers[i] for i in kernel.reads if i in buffers]
         writes = [buffers[i] for i in kernel.writes if i in buffers]
         op = dict(device=device, kernel=kernel, grid=grid, block=block, args=args)
         return self._add("launch", op, after, reads, writes, f"{kernel.name}@{device.name}")

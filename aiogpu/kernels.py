@@ -42,7 +42,8 @@ class Kernel:
 
     @property
     def reads(self) -> list[int]:
-        return [i for i, a in enumerate(self.args) if a.pointer]
+        """Indices of the pointer arguments the kernel may read (not ``out``)."""
+        return [i for i, a in enumerate(self.args) if a.pointer and not a.out]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
@@ -123,13 +124,13 @@ __kernel void aiogpu_fill(__global uint* dst, uint value, ulong n) {
 """
 
 
-@kernel("u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU, opencl=COPY_CL)
+@kernel("out u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU, opencl=COPY_CL)
 def copy_kernel(launch, dst, src, n):
     """Shader copy: the fallback when no SDMA engine (CUDA: copy stream) is available."""
     dst[:n] = src[:n]
 
 
-@kernel("u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU, opencl=FILL_CL)
+@kernel("out u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU, opencl=FILL_CL)
 def fill_kernel(launch, dst, value, n):
     """Fill ``n`` 32-bit words with ``value``."""
     dst[:n] = value

@@ -356,3 +356,65 @@ def test_tasks_spawned_inside_a_capture_are_not_captured_trio(any_rt):
             await _capture_and_spawn(any_rt, spawn)
 
     anyio.run(main, backend="trio")
+
+
+# -- item 15: a buffer whose write failed is reset by anything that only writes it ---------------
+SET_N_CU = r"""
+extern "C" __global__ void set_n(long long* x, long long v, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+"""
+
+
+@aiogpu.kernel("out i64*, i64, u32", cuda=SET_N_CU)
+def set_n(launch, x, v, n):
+    x[:n] = v
+
+
+def test_out_pointers_are_written_not_read():
+    from aiogpu.signature import parse_signature
+    args = parse_signature("out i64*, const f32*, u8*")
+    assert [(a.out, a.const, a.pointer) for a in args] == [(True, False, True), (False, True, True),
+                                                           (False, False, True)]
+    assert str(args[0]) == "out i64*"
+    assert set_n.writes == [0] and set_n.reads == []
+    for bad in ("out i64", "const out i64*", "out const i64*"):
+        with pytest.raises(ValueError):
+            parse_signature(bad)
+
+
+@pytest.mark.asyncio
+async def test_out_pointer_kernels_are_ordered(any_rt):
+    d0 = any_rt.devices[0]
+    buf = d0.alloc(8 * 8)
+    slow = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(100,))
+    d0.launch(set_n, grid=(8,), block=(8,), args=(buf, 1, 8), after=[slow])
+    d0.launch(set_n, grid=(8,), block=(8,), args=(buf, 2, 8))         # write after write
+    d0.launch(add_const_n, grid=(8,), block=(8,), args=(buf, 3, 8))   # read after write
+    assert (await buf.to_numpy(np.int64) == 5).all()
+
+
+def test_a_failed_buffer_is_reset_by_a_fill_or_a_kernel_that_only_writes_it(make_runtime):
+    from gpu_kernels import fail_if
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    buf = d0.alloc(16)
+
+    def poison():
+        bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(buf, 1))
+        assert bad.wait(20) and bad.exception() is not None
+        reader = buf.to_numpy()
+        assert reader.wait(20) and isinstance(reader.exception(), aiogpu.GPUError)
+
+    poison()
+    rw = d0.launch(add_const_n, grid=(2,), block=(2,), args=(buf, 1, 2))   # reads it: fails
+    assert rw.wait(20) and isinstance(rw.exception(), aiogpu.GPUError)
+    reset = d0.launch(set_n, grid=(2,), block=(2,), args=(buf, 9, 2))     # only writes it
+    assert reset.wait(20) and reset.exception() is None
+    out = buf.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == 9).all()
+    poison()
+    assert buf.fill(3).wait(20)
+    out = buf.to_numpy(np.int32)
+    assert out.wait(20) and (out.result() == 3).all()
