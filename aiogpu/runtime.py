@@ -369,7 +369,7 @@ class Runtime:
         capture = self.capturing()
         if capture is not None:
             from .kernels import fill_kernel
-            return capture.record_launch(dev, fill_kernel, (max(buf.nbytes // 4, 1),), (256,),
+            return capture.record_launch(dev, fill_kernel, dev.fill_grid(buf.nbytes // 4), (256,),
                                          (buf, word, buf.nbytes // 4), after)
         with self.lock:
             self.check_open()

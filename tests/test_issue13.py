@@ -418,3 +418,56 @@ def test_a_failed_buffer_is_reset_by_a_fill_or_a_kernel_that_only_writes_it(make
     assert buf.fill(3).wait(20)
     out = buf.to_numpy(np.int32)
     assert out.wait(20) and (out.result() == 3).all()
+
+
+# -- item 17: shader copies and fills of >= 4 GiB -------------------------------------------------
+def test_shader_copy_and_fill_grids_fit_a_dispatch_packet(any_rt):
+    d0 = any_rt.devices[0]
+    for n in (1, 4096, 4 << 30, (5 << 30) + 3, 16 << 30, 1 << 40):
+        for grid in (d0.copy_grid(n), d0.fill_grid(max(n // 4, 1))):
+            assert len(grid) == 1 and 1 <= grid[0] <= 0xFFFFFFFF, (n, grid)
+
+
+def test_built_in_opencl_kernels_stride_over_any_grid():
+    from aiogpu.kernels import COPY_CL, FILL_CL
+    for src in (COPY_CL, FILL_CL):
+        assert "get_global_size(0)" in src and "for (" in src
+
+
+@pytest.mark.asyncio
+async def test_shader_copies_and_fills_are_right_with_a_small_grid_cap(make_runtime, monkeypatch):
+    """A patched cap stands in for the 4 GiB one: grids stay under it, results stay right."""
+    import aiogpu.device as core_device
+    from aiogpu.hsa.device import HsaDevice
+    from aiogpu.hsa.graph import HsaGraphExec
+    monkeypatch.setattr(core_device, "SHADER_GRID_CAP", 1024)
+    grids = []
+    real_submit, real_args = HsaDevice._submit_kernel, HsaGraphExec._dispatch_args
+
+    def submit(self, loaded, label, grid, *args, **kw):
+        grids.append((label, grid))
+        return real_submit(self, loaded, label, grid, *args, **kw)
+
+    def dispatch_args(self, device, node, args):
+        got = real_args(self, device, node, args)
+        grids.append((node.label, got[1]))
+        return got
+
+    monkeypatch.setattr(HsaDevice, "_submit_kernel", submit)
+    monkeypatch.setattr(HsaGraphExec, "_dispatch_args", dispatch_args)
+    rt = make_runtime(gpus=1, copy_engines=False)
+    d0 = rt.devices[0]
+    data = np.random.default_rng(17).integers(0, 255, 10_000, dtype=np.uint8)
+    a, b = d0.alloc(data.nbytes), d0.alloc(data.nbytes)
+    await aiogpu.copy(a, data)
+    await aiogpu.copy(b, a)
+    assert (await b.to_numpy() == data).all()
+    await b.fill(0x01020304)
+    assert (await b.to_numpy(np.uint32) == 0x01020304).all()
+    rt.api.emulator.faults.exhaust_sdma()          # graph copies become shader copies too
+    with aiogpu.Graph() as g:
+        aiogpu.copy(b, a)
+        b.fill(7)
+    await g.instantiate().launch()
+    assert (await b.to_numpy(np.uint32) == 7).all()
+    assert len(grids) >= 6 and all(grid[0] <= 1024 for _, grid in grids), grids

@@ -178,7 +178,7 @@ class HsaGraphExec(GraphExec):
         src, dst = node.op["src"], node.op["dst"]
         n = dst.nbytes
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
-        return copy_kernel, (max(n, 1),), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
+        return copy_kernel, device.copy_grid(n), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
 
     def _graph_kernarg(self, device: Device, data: bytes) -> int:
         address, size = self.runtime.kernarg_block(device.agent) if not self._kernarg_blocks or \
