@@ -23,7 +23,9 @@ Hooks a backend implements (called under the lock unless said otherwise):
 - ``_instantiate(graph) -> GraphExec``: a captured graph's executable.
 - ``_backend_stats() -> dict``: the backend's leak counters and figures.
 - ``describe() -> str``: what ``python -m aiogpu info`` prints.
-- ``_release()``: free every driver resource (after the waiter stopped).
+- ``_release()``: free every driver resource, the hub's completion objects (``hub.close()``)
+  once nothing on the device can use them any more (the waiter has stopped; work abandoned by
+  ``close`` may still run: called then on a background thread).
 """
 from __future__ import annotations
 
@@ -467,7 +469,12 @@ class Runtime:
     # -- shutdown ------------------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:
         """Wait (up to ``timeout`` s) for submitted work, then release every resource.
-        Idempotent; later operations raise RuntimeClosedError."""
+
+        Returns about ``timeout`` s after the call at the latest. Work still pending then is
+        abandoned, as ``concurrent.futures.Executor.shutdown(cancel_futures=True)`` abandons
+        queued work: its futures fail with a GPUError that says so (awaiters wake; nothing
+        hangs), and the driver resources it may still use are released in the background once
+        the device is done with them. Idempotent; later operations raise RuntimeClosedError."""
         with self.lock:
             if self.closed:
                 return
@@ -477,11 +484,31 @@ class Runtime:
             self.hub.poll()
             if self.hub.pending_count:
                 time.sleep(0.002)
-        self.hub.close()
         with self.lock:
-            for exe in list(self._graphs):
-                exe.destroy()
-            self._release()
+            abandoned = self._abandon_pending(timeout)
+        self.hub.stop()
+        if abandoned:
+            threading.Thread(target=self._shutdown, name="aiogpu-close", daemon=True).start()
+        else:
+            self._shutdown()
+
+    def _abandon_pending(self, timeout: float) -> int:
+        """Fail every future still pending at close (under the lock); how many were pending."""
+        pending = self.hub.pending_futures()
+        for fut in pending:
+            if not fut.done():
+                self.hub.fail(fut, GPUError(f"{fut.label}: abandoned: the runtime was closed before it "
+                                            f"completed (close timeout {timeout:g} s)",
+                                            queue=fut.queue, packet=fut.packet))
+        return len(pending)
+
+    def _shutdown(self) -> None:
+        """Destroy graph executables and release the backend (the waiter has stopped; the
+        runtime is closed, so nothing else touches the driver objects: no lock is held, and a
+        release that waits for the device blocks nobody)."""
+        for exe in list(self._graphs):
+            exe.destroy()
+        self._release()
 
     def __enter__(self) -> "Runtime":
         return self

@@ -471,3 +471,31 @@ async def test_shader_copies_and_fills_are_right_with_a_small_grid_cap(make_runt
     await g.instantiate().launch()
     assert (await b.to_numpy(np.uint32) == 7).all()
     assert len(grids) >= 6 and all(grid[0] <= 1024 for _, grid in grids), grids
+
+
+# -- item 7: close honours its timeout and fails what it abandons ---------------------------------
+@pytest.mark.asyncio
+async def test_close_returns_near_its_timeout_and_fails_abandoned_work(make_any):
+    import time
+    rt = make_any()
+    d0 = rt.devices[0]
+    await d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))     # (CUDA: load the kernel)
+    long = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(4000,))
+    behind = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[long])
+    t0 = time.monotonic()
+    rt.close(0.3)
+    assert time.monotonic() - t0 < 3.0, "close(0.3) waited for the work it gave up on"
+    for fut in (long, behind):
+        assert fut.done() and isinstance(fut.exception(), aiogpu.GPUError)
+        assert "close" in str(fut.exception())
+        with pytest.raises(aiogpu.GPUError):
+            await asyncio.wait_for(fut, 5)            # awaiting it after close does not hang
+    with pytest.raises(aiogpu.RuntimeClosedError):
+        d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+
+
+def test_close_with_nothing_pending_releases_at_once(make_runtime):
+    rt = make_runtime(gpus=1)
+    assert rt.devices[0].launch(sleep_ms, grid=(1,), block=(1,), args=(0,)).wait(20)
+    rt.close(0.3)
+    assert rt.closed and not rt.hub._thread.is_alive()

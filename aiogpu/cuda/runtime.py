@@ -307,8 +307,9 @@ class CudaRuntime(Runtime):
 
     def _release(self) -> None:
         for dev in self.devices:
-            dev._destroy()
+            dev._destroy()          # synchronises: no host function posts the semaphore after
         self.host.close()
+        self.hub.close()
         for dev in self.devices:
             dev.release_context()
         D.forget_current()

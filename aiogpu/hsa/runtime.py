@@ -328,9 +328,10 @@ class HsaRuntime(Runtime):
 
     def _release(self) -> None:
         for dev in self.devices:
-            dev._destroy()
+            dev._destroy()          # queues first: no packet reads a signal or kernarg after
         for block in self._kernarg_blocks:
             self.api.hsa_amd_memory_pool_free(block)
+        self.hub.close()
         if self.backend == "emulator":
             self.api.hsa_shut_down()
 
