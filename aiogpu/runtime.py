@@ -178,6 +178,21 @@ class Runtime:
         """(True, what was found) when this backend can run here, else (False, why not)."""
         raise NotImplementedError
 
+    @staticmethod
+    def check_shared_options(*, queues_per_device: Any, watchdog_s: Any, spin_s: Any,
+                             copy_engines: Any) -> None:
+        """The values of the options every backend takes, checked before anything starts:
+        TypeError for a wrong type, ValueError for a value out of range (naming the option)."""
+        if isinstance(queues_per_device, bool) or not isinstance(queues_per_device, int):
+            raise TypeError(f"queues_per_device must be an integer, got {queues_per_device!r}")
+        if queues_per_device < 1:
+            raise ValueError(f"queues_per_device must be positive, got {queues_per_device!r}")
+        if watchdog_s is not None:
+            _check_seconds("watchdog_s", watchdog_s, "positive (or None: no watchdog)", lambda v: v > 0)
+        _check_seconds("spin_s", spin_s, "zero or positive", lambda v: v >= 0)
+        if not isinstance(copy_engines, (bool, np.bool_)):
+            raise TypeError(f"copy_engines must be True or False, got {copy_engines!r}")
+
     def _init_core(self, hub: FutureHub, *, copy_engines: bool) -> None:
         """State every backend has; call first in the subclass's ``__init__``."""
         self.backend, self.reason = self._chosen
@@ -518,6 +533,13 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.backend}: {len(self.devices)} GPU(s)>"
+
+
+def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not ok(float(value)):          # (NaN fails every comparison)
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
 
 
 def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:

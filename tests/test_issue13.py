@@ -499,3 +499,30 @@ def test_close_with_nothing_pending_releases_at_once(make_runtime):
     assert rt.devices[0].launch(sleep_ms, grid=(1,), block=(1,), args=(0,)).wait(20)
     rt.close(0.3)
     assert rt.closed and not rt.hub._thread.is_alive()
+
+
+# -- item 21: bad options are refused before anything starts --------------------------------------
+def _threads():
+    import threading
+    return {t.ident for t in threading.enumerate() if t.is_alive()}
+
+
+@pytest.mark.parametrize("option,value,exc", [
+    ("watchdog_s", 0, ValueError), ("watchdog_s", -1.0, ValueError), ("watchdog_s", float("nan"), ValueError),
+    ("watchdog_s", "1", TypeError), ("spin_s", -1e-3, ValueError), ("spin_s", "x", TypeError),
+    ("copy_engines", "no", TypeError), ("queues_per_device", 0, ValueError),
+    ("queues_per_device", 1.5, TypeError), ("queues_per_device", True, TypeError),
+])
+def test_bad_shared_option_values_are_refused_first(any_backend, option, value, exc):
+    before = _threads()
+    with pytest.raises(exc, match=option):
+        aiogpu.Runtime(any_backend, **{option: value})
+    assert _threads() <= before, "a failed construction left a thread running"
+
+
+@pytest.mark.parametrize("ring", [3, 0, 1 << 30])
+def test_bad_ring_sizes_are_refused_naming_the_option(ring):
+    before = _threads()
+    with pytest.raises(ValueError, match="ring_size"):
+        aiogpu.Runtime("emulator", ring_size=ring)
+    assert _threads() <= before, "a failed construction left a thread running"

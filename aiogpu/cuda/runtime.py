@@ -64,23 +64,23 @@ class CudaRuntime(Runtime):
         ok, why = probe()
         if not ok:
             raise BackendUnavailable("cuda", why, FIXES["cuda"])
-        if isinstance(queues_per_device, bool) or not isinstance(queues_per_device, int) or queues_per_device < 1:
-            raise ValueError(f"queues_per_device must be a positive integer, got {queues_per_device!r}")
+        self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
+                                  copy_engines=copy_engines)
         self.completion_words = completion_words
         self.event_waits = event_waits or not completion_words
         self._init_core(CudaHub(spin_s=spin_s, watchdog_s=watchdog_s), copy_engines=copy_engines)
         self.reason = f"CUDA: {why}"
-        count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-        try:
+        try:                       # a failed construction leaves no waiter thread behind
+            count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
             self.devices = [CudaDevice(self, i, compute_streams=queues_per_device) for i in range(count)]
+            self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
+            lane = self.devices[0].compute[0]
+            self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
+            self.host = hostmem.HostMemory(self)
+            self._enable_peers()
         except BaseException:
             self.hub.close()
             raise
-        self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
-        lane = self.devices[0].compute[0]
-        self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
-        self.host = hostmem.HostMemory(self)
-        self._enable_peers()
 
     def _enable_peers(self) -> None:
         for a in self.devices:

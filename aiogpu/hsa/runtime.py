@@ -61,10 +61,11 @@ class HsaRuntime(Runtime):
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
                  watchdog_s: float | None = None, copy_engines: bool = True, spin_s: float = 0.0,
                  **emulator_options: Any):
-        _check_positive("queues_per_device", queues_per_device, int)
+        self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
+                                  copy_engines=copy_engines)
         _check_positive("ring_size", ring_size, int)
-        if watchdog_s is not None:
-            _check_positive("watchdog_s", watchdog_s, (int, float))
+        if ring_size & (ring_size - 1):
+            raise ValueError(f"ring_size must be a power of two (AQL queues are), got {ring_size}")
         name, reason = self._chosen
         self.api = loader.load(name, reason, **emulator_options)
         try:
@@ -82,11 +83,22 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks: list[int] = []
         self.host = HostLocks(self.api, self.all_agents)
         self.memory_faults: list[dict] = []
+        self._check_ring_size(ring)
         self._event_cb = T.system_event_callback_t(self._on_system_event)
         self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.hub.on_timeout = self._on_timeout
+
+    def _check_ring_size(self, ring: int) -> None:
+        """ValueError when a GPU agent's queues cannot have ``ring`` packets."""
+        for agent in self.gpu_agents():
+            lo, hi = ctypes.c_uint32(), ctypes.c_uint32()
+            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(lo))
+            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(hi))
+            if hi.value and not lo.value <= ring <= hi.value:
+                raise ValueError(f"ring_size {ring} is outside the queue sizes of {self.agent_name(agent)} "
+                                 f"({lo.value} to {hi.value} packets)")
 
     def _abandon(self) -> None:
         """A construction that failed part-way: stop the waiter and free what exists."""
