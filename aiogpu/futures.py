@@ -360,7 +360,10 @@ class FutureHub:
                     if fut._state == PENDING:
                         self._finish(fut, GPUError(f"{fut.label}: settling it failed: {exc!r}"), posts)
             if self.watchdog_s is not None:
-                self._check_watchdog(posts)
+                try:
+                    self._check_watchdog(posts)
+                except Exception:  # noqa: BLE001 - the waiter must never die of it
+                    log.exception("the watchdog check failed")
         self._post(posts)
 
     def _check_watchdog(self, posts: dict) -> None:
