@@ -54,8 +54,10 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
 
 
 def gather(*futures: GPUFuture) -> GPUFuture:
-    """One future that completes when all of ``futures`` have (a device-side join); it fails
-    if any of them fails."""
+    """One future that settles when every one of ``futures`` has settled and the device is
+    done with its work (a device-side join; as trio's nurseries wait for every child, unlike
+    ``asyncio.gather``): work ordered after it never overlaps a member. It then fails with the
+    error of the first member, in argument order, that failed, else completes."""
     for f in futures:
         if not isinstance(f, GPUFuture):
             raise TypeError(f"gather takes GPUFutures, got {f!r}")

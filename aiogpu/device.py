@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 MAX_GRID = 0xFFFFFFFF
 MAX_WORKGROUP = 1024
+# The largest grid of the built-in copy and fill kernels: a dispatch packet's grid size is a
+# 32-bit count, so larger copies and fills stride (each work-item handles every cap-th item).
+SHADER_GRID_CAP = 1 << 30
 
 
 def check_dims(name: str, dims: Any, limit: int) -> tuple[int, ...]:
@@ -163,15 +166,21 @@ class Device:
 
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> GPUFuture:
         count = buf.nbytes // 4
-        return self._submit_kernel(self.loaded(fill_kernel), f"fill {buf.nbytes} B", (max(count, 1),), (256,),
+        return self._submit_kernel(self.loaded(fill_kernel), f"fill {buf.nbytes} B", self.fill_grid(count), (256,),
                                    [buf.address, word, count], [buf.nbytes], deps, [buf], [buf])
 
     def _check_grid(self, grid: tuple, block: tuple) -> None:
         """Backend limits on a validated grid and block (ValueError); none by default."""
 
     def copy_grid(self, nbytes: int) -> tuple[int, ...]:
-        """The grid of a shader copy of ``nbytes`` (the built-in copy kernel)."""
-        return (max(nbytes, 1),)
+        """The grid of a shader copy of ``nbytes`` (the built-in copy kernel strides over the
+        rest): one work-item a byte, at most ``SHADER_GRID_CAP``."""
+        return (min(max(nbytes, 1), SHADER_GRID_CAP),)
+
+    def fill_grid(self, count: int) -> tuple[int, ...]:
+        """The grid of a fill of ``count`` 32-bit words (the built-in fill kernel strides over
+        the rest): one work-item a word, at most ``SHADER_GRID_CAP``."""
+        return (min(max(count, 1), SHADER_GRID_CAP),)
 
     def _destroy(self) -> None:
         """Release this device's driver objects (the runtime is closing)."""
@@ -217,8 +226,9 @@ class Device:
 
         Returns at once with a GPUFuture. Bad input raises ValueError/TypeError before anything
         is submitted. The launch waits on the device for ``after`` and for earlier operations
-        that conflict with the buffers it uses (its pointer arguments are read, and written
-        unless ``const``).
+        that conflict with the buffers it uses: its pointer arguments are read and written,
+        ``const T*`` ones only read, ``out T*`` ones only written. It fails if something it
+        reads failed; writing memory that a failed operation left undefined defines it again.
         """
         rt = self.runtime
         grid, block = self.shape(kernel, grid, block)
@@ -228,7 +238,7 @@ class Device:
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
         if buffers:
-            reads = list(buffers.values())
+            reads = [buffers[i] for i in kernel.reads if i in buffers]
             writes = [buffers[i] for i in kernel.writes if i in buffers]
         else:
             reads = writes = []

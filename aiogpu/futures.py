@@ -38,7 +38,7 @@ class GPUFuture:
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "keep", "__weakref__")
+                 "lane", "submitted_at", "ready_at", "keep", "members", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub = hub
@@ -64,7 +64,9 @@ class GPUFuture:
         self.packet: int | None = None    # packet index of the completion packet in that queue
         self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
         self.submitted_at = time.monotonic()
+        self.ready_at: float | None = None  # when the watchdog saw that it could run
         self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
+        self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -177,6 +179,13 @@ class _CallbackAwaiter:
 
     def __getitem__(self, i: int) -> Any:  # trio ports use [task, woken] cells
         raise TypeError
+
+
+def _finished(fut: GPUFuture) -> bool:
+    """Whether ``fut`` no longer holds back work ordered after it (the watchdog's view): it
+    completed, or its work retired, or the watchdog itself gave up on it."""
+    from .errors import WatchdogTimeout
+    return fut._state == DONE or fut.retired or isinstance(fut._exc, WatchdogTimeout)
 
 
 def completed_future(hub: "FutureHub | None", label: str = "",
@@ -349,20 +358,44 @@ class FutureHub:
             for key, fut in completed:
                 if self._pending.get(key) is not fut:
                     continue
-                if fut._state == PENDING:
-                    self._finish(fut, None, posts)
-                else:
-                    self._retire(fut)
+                try:
+                    if fut._state == PENDING:
+                        self._finish(fut, None, posts)
+                    else:
+                        self._retire(fut)
+                except Exception as exc:  # noqa: BLE001 - the waiter must never die of it
+                    log.exception("settling %r failed", fut)
+                    if fut._state == PENDING:
+                        self._finish(fut, GPUError(f"{fut.label}: settling it failed: {exc!r}"), posts)
             if self.watchdog_s is not None:
-                self._check_watchdog(posts)
+                try:
+                    self._check_watchdog(posts)
+                except Exception:  # noqa: BLE001 - the waiter must never die of it
+                    log.exception("the watchdog check failed")
         self._post(posts)
 
     def _check_watchdog(self, posts: dict) -> None:
+        """Fail work whose completion has not arrived ``watchdog_s`` seconds after it could
+        start: after every operation it waits for has finished and every earlier one on its
+        lane (queue or stream) has settled, as this check observed. Time spent waiting behind
+        other work does not count; a graph replay's work on one lane counts as one operation."""
         from .errors import WatchdogTimeout
 
-        deadline = time.monotonic() - self.watchdog_s
-        stale = [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline
-                 and all(self.is_complete(k) for k in f._dep_signals)]   # runnable, yet silent
+        now = time.monotonic()
+        deadline = now - self.watchdog_s
+        first_on_lane: dict[int, GPUFuture] = {}
+        for f in self._pending.values():        # in submission order
+            if f._state == PENDING and f.lane is not None:
+                first_on_lane.setdefault(id(f.lane), f)
+        stale = []
+        for f in self._pending.values():
+            if f._state != PENDING:
+                continue
+            if f.ready_at is None:
+                if (f.lane is None or first_on_lane[id(f.lane)] is f) and all(map(_finished, f.preds)):
+                    f.ready_at = now
+            elif f.ready_at < deadline:
+                stale.append(f)                  # runnable, yet silent
         for fut in stale:
             if fut._state != PENDING:      # failed meanwhile by an abort of its queue
                 continue
@@ -379,9 +412,14 @@ class FutureHub:
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
-        """Settle the user-visible state; retire at once on success (the signal said so)."""
+        """Settle the user-visible state; retire at once when the device completed it (the
+        signal said so). A join completed on the device fails then with its first failed
+        member's error."""
         if fut._state != PENDING:
             return
+        completed = exc is None
+        if completed and fut.members is not None:
+            exc = next((m._exc for m in fut.members if m._state == FAILED), None)
         fut._state = FAILED if exc is not None else DONE
         fut._exc = exc
         if _trace.active is not None and fut.signal:
@@ -394,10 +432,10 @@ class FutureHub:
         fut._callbacks = []
         if fut._event is not None:
             fut._event.set()
-        if exc is None:
-            self._retire(fut)
-        else:
+        if exc is not None:
             self._propagate(fut, exc, posts)
+        if completed:
+            self._retire(fut)
 
     def _retire(self, fut: GPUFuture) -> None:
         """The work has retired on the device: free what it held, recycle its signal."""
@@ -407,7 +445,10 @@ class FutureHub:
         if fut.signal and self._pending.pop(fut.signal, None) is not None:
             self._dirty = True
         for fn in fut._cleanup:
-            fn()
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one failed release must not stop the others
+                log.exception("releasing what %r held failed", fut)
         fut._cleanup = []
         for key in fut._dep_signals:
             self.release_key(key)

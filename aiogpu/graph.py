@@ -58,12 +58,16 @@ class _NodeState:
 
 
 class Graph:
-    """Records operations of one runtime instead of running them (``with Graph() as g:``)."""
+    """Records operations of one runtime instead of running them (``with Graph() as g:``).
+
+    The capture belongs to the block: to the task (or thread) that entered it. Tasks and threads
+    started inside it run their operations, as they would outside."""
 
     def __init__(self) -> None:
         self.nodes: list[GraphNode] = []
         self.runtime: Any = None
         self._states: dict[Any, _NodeState] = {}
+        self._host = ordering.Hazards()        # host arrays: by address range, as at run time
         self._token: Any = None
 
     def __enter__(self) -> "Graph":
@@ -82,7 +86,9 @@ class Graph:
         return True
 
     # -- recording (called by Device.launch, Runtime.copy, Runtime.gather) -----------------------
-    def _state(self, key: Any) -> _NodeState:
+    def _state(self, key: Any) -> Any:
+        if isinstance(key, tuple) and key[0] == "host":
+            return self._host.host(key[1], key[2])
         state = self._states.get(key)
         if state is None:
             state = self._states[key] = _NodeState()
@@ -103,7 +109,7 @@ class Graph:
                       after: list) -> GraphNode:
         """A launch node (arguments already checked by ``Device.launch``)."""
         buffers = {i: a for i, a in enumerate(args) if isinstance(a, Buffer)}
-        reads = list(buffers.values())
+        reads = [buffers[i] for i in kernel.reads if i in buffers]
         writes = [buffers[i] for i in kernel.writes if i in buffers]
         op = dict(device=device, kernel=kernel, grid=grid, block=block, args=args)
         return self._add("launch", op, after, reads, writes, f"{kernel.name}@{device.name}")

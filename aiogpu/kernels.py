@@ -42,7 +42,8 @@ class Kernel:
 
     @property
     def reads(self) -> list[int]:
-        return [i for i, a in enumerate(self.args) if a.pointer]
+        """Indices of the pointer arguments the kernel may read (not ``out``)."""
+        return [i for i, a in enumerate(self.args) if a.pointer and not a.out]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
@@ -108,28 +109,31 @@ extern "C" __global__ void aiogpu_fill(unsigned int* dst, unsigned int value, un
 """
 
 
+# The HSA grid is capped (Device.copy_grid/fill_grid: a packet's grid size is 32 bits), so these
+# stride over the whole range too.
 COPY_CL = """
 __kernel void aiogpu_copy(__global uchar* dst, __global const uchar* src, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) dst[i] = src[i];
+    ulong stride = get_global_size(0);
+    for (ulong i = get_global_id(0); i < n; i += stride) dst[i] = src[i];
 }
 """
 
 FILL_CL = """
 __kernel void aiogpu_fill(__global uint* dst, uint value, ulong n) {
-    ulong i = get_global_id(0);
-    if (i < n) dst[i] = value;
+    ulong stride = get_global_size(0);
+    for (ulong i = get_global_id(0); i < n; i += stride) dst[i] = value;
 }
 """
 
 
-@kernel("u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU, opencl=COPY_CL)
+@kernel("out u8*, const u8*, u64", name="aiogpu_copy", cuda=COPY_CU, opencl=COPY_CL)
 def copy_kernel(launch, dst, src, n):
-    """Shader copy: the fallback when no SDMA engine (CUDA: copy stream) is available."""
+    """Shader copy: the fallback when no SDMA engine (CUDA: copy stream) is available. (The
+    reference body runs once per dispatch, so it is right for any grid.)"""
     dst[:n] = src[:n]
 
 
-@kernel("u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU, opencl=FILL_CL)
+@kernel("out u32*, u32, u64", name="aiogpu_fill", cuda=FILL_CU, opencl=FILL_CL)
 def fill_kernel(launch, dst, value, n):
     """Fill ``n`` 32-bit words with ``value``."""
     dst[:n] = value

@@ -8,6 +8,7 @@ fail because an earlier writer of it did.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from typing import Any, Iterable
 
 from .errors import GPUError
@@ -15,45 +16,157 @@ from .futures import GPUFuture
 
 
 class HostRange:
-    """Ordering state of a host array's memory (keyed by address and size)."""
+    """One operation's view of host memory ``[start, end)`` (also used for other libraries'
+    device arrays). Its ordering state is that of every overlapping range its ``Hazards``
+    records, whatever arrays those came from: a slice, a view or another array over the same
+    bytes conflicts with it exactly where their bytes overlap."""
 
-    __slots__ = ("last_write", "reads", "key")
+    __slots__ = ("hazards", "start", "end")
 
-    def __init__(self, key: tuple[int, int]):
-        self.key = key
-        self.last_write: GPUFuture | None = None
-        self.reads: list[GPUFuture] = []
+    def __init__(self, hazards: "Hazards", start: int, end: int):
+        self.hazards, self.start, self.end = hazards, start, end
+
+    def writers(self) -> list[GPUFuture]:
+        """The unretired last writers of the overlapping bytes."""
+        return self.hazards._collect(self.start, self.end, True)
+
+    def readers(self) -> list[GPUFuture]:
+        """The unretired readers of the overlapping bytes since their last write."""
+        return self.hazards._collect(self.start, self.end, False)
+
+    @property
+    def last_write(self) -> GPUFuture | None:
+        """The newest unretired writer of any overlapping byte, else None."""
+        return self.hazards._newest_writer(self.start, self.end)
+
+    def written_by(self, fut: GPUFuture) -> bool:
+        """Whether ``fut`` is the last writer of every byte of this range."""
+        return self.hazards._written_by(self.start, self.end, fut)
+
+
+class _Segment:
+    """Bytes ``[start, end)`` with one ordering state: their last writer and the readers since."""
+
+    __slots__ = ("start", "end", "last_write", "reads", "seq")
+
+    def __init__(self, start: int, end: int, last_write: GPUFuture | None, reads: list, seq: int):
+        self.start, self.end, self.last_write, self.reads, self.seq = start, end, last_write, reads, seq
 
 
 class Hazards:
-    """Ordering state of host ranges; buffers carry theirs (``last_write``/``reads``) themselves."""
+    """Ordering state of host memory by address range; buffers carry theirs (``last_write``/
+    ``reads``) themselves.
+
+    Host memory is kept as disjoint segments sorted by address (``_starts`` parallels
+    ``_segs``): a lookup bisects to the overlapping run, so its cost grows with the number of
+    overlapping segments, not with the number of ranges in use. A write replaces the segments it
+    covers; a read joins them (splitting at its ends). A segment goes once nothing unretired
+    uses it (host memory does not keep failed writers: its addresses are reused by unrelated
+    arrays).
+    """
 
     def __init__(self):
-        self._host: dict[tuple[int, int], HostRange] = {}
+        self._starts: list[int] = []
+        self._segs: list[_Segment] = []
+        self._seq = 0
 
     def host(self, address: int, nbytes: int) -> HostRange:
-        key = (address, nbytes)
-        state = self._host.get(key)
-        if state is None:
-            state = self._host[key] = HostRange(key)
-        return state
+        """The ordering state of ``nbytes`` of host memory at ``address``."""
+        return HostRange(self, address, address + nbytes)
 
     def prune_host(self, state: HostRange) -> None:
-        _prune(state)
-        if state.last_write is None and not state.reads:
-            self._host.pop(state.key, None)
+        """Forget what has retired in ``state``'s bytes (an operation on them retired)."""
+        self._prune(state.start, state.end)
 
     @property
     def host_ranges(self) -> int:
-        return len(self._host)
+        return len(self._segs)
+
+    # -- segments ----------------------------------------------------------------------------------
+    def _span(self, start: int, end: int) -> tuple[int, int]:
+        """Indices [i, j) of the segments overlapping [start, end)."""
+        i = bisect_right(self._starts, start) - 1
+        if i < 0 or self._segs[i].end <= start:
+            i += 1
+        return i, bisect_left(self._starts, end, i)
+
+    def _prune(self, start: int, end: int) -> None:
+        i, j = self._span(start, end)
+        keep = []
+        for seg in self._segs[i:j]:
+            if seg.last_write is not None and seg.last_write.retired:
+                seg.last_write = None
+            seg.reads = [f for f in seg.reads if not f.retired]
+            if seg.last_write is not None or seg.reads:
+                keep.append(seg)
+        if len(keep) != j - i:
+            self._segs[i:j] = keep
+            self._starts[i:j] = [seg.start for seg in keep]
+
+    def _split(self, at: int) -> None:
+        """Make ``at`` a segment boundary."""
+        i = bisect_right(self._starts, at) - 1
+        if i >= 0 and self._segs[i].start < at < self._segs[i].end:
+            seg = self._segs[i]
+            right = _Segment(at, seg.end, seg.last_write, list(seg.reads), seg.seq)
+            seg.end = at
+            self._segs.insert(i + 1, right)
+            self._starts.insert(i + 1, at)
+
+    def _collect(self, start: int, end: int, writers: bool) -> list[GPUFuture]:
+        self._prune(start, end)
+        i, j = self._span(start, end)
+        out: dict[int, GPUFuture] = {}
+        for seg in self._segs[i:j]:
+            for f in ([seg.last_write] if writers else seg.reads):
+                if f is not None:
+                    out[id(f)] = f
+        return list(out.values())
+
+    def _newest_writer(self, start: int, end: int) -> GPUFuture | None:
+        self._prune(start, end)
+        i, j = self._span(start, end)
+        segs = [seg for seg in self._segs[i:j] if seg.last_write is not None]
+        return max(segs, key=lambda seg: seg.seq).last_write if segs else None
+
+    def _written_by(self, start: int, end: int, fut: GPUFuture) -> bool:
+        i, j = self._span(start, end)
+        at = start
+        for seg in self._segs[i:j]:
+            if seg.start > at or seg.last_write is not fut:
+                return False
+            at = seg.end
+        return at >= end
+
+    def _record(self, start: int, end: int, fut: GPUFuture, write: bool) -> None:
+        if start >= end:
+            return
+        self._split(start)
+        self._split(end)
+        i, j = self._span(start, end)
+        if write:
+            self._seq += 1
+            new = [_Segment(start, end, fut, [], self._seq)]
+        else:
+            new, at = [], start
+            for seg in self._segs[i:j]:
+                if seg.start > at:          # bytes nobody used yet
+                    new.append(_Segment(at, seg.start, None, [fut], 0))
+                seg.reads.append(fut)
+                new.append(seg)
+                at = seg.end
+            if at < end:
+                new.append(_Segment(at, end, None, [fut], 0))
+        self._segs[i:j] = new
+        self._starts[i:j] = [seg.start for seg in new]
 
 
 def _prune(state: Any) -> None:
     # A writer that failed stays the last writer even once retired: the memory's contents are
     # undefined, so later readers fail (read after a failed write) until something overwrites it.
-    # Host memory is exempt: its addresses are reused by unrelated arrays.
+    # (Host memory is exempt, see Hazards.)
     last = state.last_write
-    if last is not None and last.retired and (last._exc is None or isinstance(state, HostRange)):
+    if last is not None and last.retired and last._exc is None:
         state.last_write = None
     state.reads = [f for f in state.reads if not f.retired]
 
@@ -74,9 +187,17 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
         add_semantic(fut)
     writes = list(writes)
     for state in reads:
+        if isinstance(state, HostRange):
+            for writer in state.writers():
+                add_semantic(writer)
+            continue
         _prune(state)
         add_semantic(state.last_write)
     for state in writes:
+        if isinstance(state, HostRange):
+            for fut in (*state.writers(), *state.readers()):
+                add(fut, False)
+            continue
         _prune(state)
         add(state.last_write, False)
         for reader in state.reads:
@@ -122,7 +243,7 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     from .futures import completed_future
 
     fut = completed_future(hub, label, err)
-    writes = list(writes)
+    writes = [s for s in writes if not isinstance(s, HostRange)]   # host memory: nothing ran
     for state in writes:
         _prune(state)
         fut.preds.extend(f for f in [state.last_write, *state.reads] if f is not None)
@@ -136,8 +257,15 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
     fut.preds.extend(d for d in deps if not d.retired)
     writes = list(writes)
     for state in writes:
-        state.last_write = fut
-        state.reads = []
+        if isinstance(state, HostRange):
+            state.hazards._record(state.start, state.end, fut, True)
+        else:
+            state.last_write = fut
+            state.reads = []
     for state in reads:
-        if not any(state is w for w in writes):
+        if any(state is w for w in writes):
+            continue
+        if isinstance(state, HostRange):
+            state.hazards._record(state.start, state.end, fut, False)
+        else:
             state.reads.append(fut)

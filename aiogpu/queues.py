@@ -9,7 +9,9 @@ The writer keeps DESIGN.md's protocol:
 4. every reserved slot is published, even when writing fails (a no-op barrier packet);
 5. more than five dependencies are chained over several barrier-AND packets.
 A group that does not fit waits in a per-queue back-log, drained as packets retire; the event loop
-never blocks on a full ring.
+never blocks on a full ring. A group longer than the ring goes in parts (see ``AqlQueue.submit``);
+a group that cannot be written fails its futures instead of raising, so that the waiter thread,
+which drains back-logs, never dies of it.
 """
 from __future__ import annotations
 
@@ -132,6 +134,7 @@ class AqlQueue:
         self.generation = 0
         self.errors: list[str] = []    # what failed it, newest last (text: no traceback cycles)
         self.published = 0
+        self._draining = False         # drain() is running (a failed group may retire inside it)
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
 
@@ -157,15 +160,69 @@ class AqlQueue:
     # -- submission ----------------------------------------------------------------------------
     def submit(self, group: PacketGroup) -> None:
         """Publish ``group`` now if the ring has room and nothing waits before it, else park it
-        in the back-log. Never blocks. Call under the runtime lock."""
+        in the back-log. Never blocks and never raises: a group longer than the ring goes in
+        parts that each fit it, and a group that cannot be written fails its futures with a
+        GPUError. Call under the runtime lock."""
         group.future.queue = self.name
-        if self.backlog or not self._try_publish(group):
-            self.backlog.append(group)
+        for part in self._parts(group):
+            if self.backlog or not self._publish(part):
+                self.backlog.append(part)
 
     def drain(self) -> None:
         """Publish back-logged groups while they fit (after packets retired; under lock)."""
-        while self.backlog and not self.broken and self._try_publish(self.backlog[0]):
-            self.backlog.popleft()
+        if self._draining:     # a group failed inside this drain retired: the loop goes on
+            return
+        self._draining = True
+        try:
+            while self.backlog and not self.broken and self._publish(self.backlog[0]):
+                self.backlog.popleft()
+        finally:
+            self._draining = False
+
+    def _publish(self, group: PacketGroup) -> bool:
+        """``_try_publish``, except that a group that cannot be written (an unexpected error;
+        the waiter thread may be the caller) fails its futures: True when it is done with."""
+        try:
+            return self._try_publish(group)
+        except Exception as exc:  # noqa: BLE001 - becomes the failure of the work concerned
+            err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
+                           queue=self.name)
+            err.__cause__ = exc
+            for fut in [group.future, *(f for f, _ in group.marks)]:
+                self.hub.fail(fut, err)
+                self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
+            return True
+
+    def _parts(self, group: PacketGroup) -> list[PacketGroup]:
+        """``group`` as parts that each fit the ring, in order. Each part but the last ends with
+        a barrier packet (barrier bit set) whose completion signal is a future of its own: when
+        it retires, the whole part has, so the next part finds the ring empty, and its
+        retirement drains the back-log. Packet order, and so every barrier bit's meaning, is
+        that of the whole group; a part that fails fails the group's future."""
+        n, step = len(group), self.size - 1
+        if n <= self.size or step < 1:
+            return [group]
+        parts, size = [], P.PACKET_SIZE
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            blob, headers = bytearray(group.blob[lo * size:hi * size]), group.headers[lo:hi]
+            fut = group.future if hi == n else self._part_future(group.future, len(parts))
+            if hi < n:
+                pkt, header = barrier_and_packets([], fut.signal, barrier=True)[0]
+                blob += bytes(pkt)
+                headers = [*headers, header]
+            marks = [(f, i - lo) for f, i in group.marks if lo <= i < hi]
+            kernargs = {i - lo: data for i, data in group.kernargs.items() if lo <= i < hi}
+            parts.append(PacketGroup([], headers, fut, blob=blob, marks=marks, kernargs=kernargs))
+        return parts
+
+    def _part_future(self, main: GPUFuture, index: int) -> GPUFuture:
+        fut = self.hub.new_future(f"{main.label} (part {index})")
+        fut.device, fut.kind, fut.queue = getattr(self, "device", None), "barrier", self.name
+        fut._dependents.append(main)         # a failed part fails the whole group
+        main.preds.append(fut)               # and the group completes only after its parts
+        fut._cleanup.append(lambda: self.retired(fut))
+        return fut
 
     def has_room(self, n: int) -> bool:
         write = self.api.hsa_queue_load_write_index_relaxed(self._q)
@@ -200,20 +257,27 @@ class AqlQueue:
         return True
 
     def _place_kernargs(self, group: PacketGroup) -> bool:
-        """Copy kernel arguments into the ring (all or none); freed when the group retires."""
+        """Copy kernel arguments into the ring (all or none); freed when the group retires,
+        before anything else its retirement does: that includes draining the back-log, whose
+        next group may be waiting for exactly this room."""
         placed = []
-        for index, data in group.kernargs.items():
-            got = self.kernarg.alloc(len(data))
-            if got is None:
-                for entry in placed:
-                    self.kernarg.free(entry)
-                return False
-            address, entry = got
-            placed.append(entry)
-            ctypes.memmove(address, data, len(data))
-            struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
-        group.future._cleanup.append(lambda: [self.kernarg.free(e) for e in placed])
-        return True
+        try:
+            for index, data in group.kernargs.items():
+                got = self.kernarg.alloc(len(data))
+                if got is None:
+                    break
+                address, entry = got
+                placed.append(entry)
+                ctypes.memmove(address, data, len(data))
+                struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
+            else:
+                entries, placed = placed, []
+                group.future._cleanup.insert(0, lambda: [self.kernarg.free(e) for e in entries])
+                return True
+            return False
+        finally:
+            for entry in placed:       # not placed as a whole (no room, or an error)
+                self.kernarg.free(entry)
 
     def _slot(self, index: int) -> int:
         return self.ring + (index % self.size) * P.PACKET_SIZE

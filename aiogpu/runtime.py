@@ -23,7 +23,9 @@ Hooks a backend implements (called under the lock unless said otherwise):
 - ``_instantiate(graph) -> GraphExec``: a captured graph's executable.
 - ``_backend_stats() -> dict``: the backend's leak counters and figures.
 - ``describe() -> str``: what ``python -m aiogpu info`` prints.
-- ``_release()``: free every driver resource (after the waiter stopped).
+- ``_release()``: free every driver resource, the hub's completion objects (``hub.close()``)
+  once nothing on the device can use them any more (the waiter has stopped; work abandoned by
+  ``close`` may still run: called then on a background thread).
 """
 from __future__ import annotations
 
@@ -182,6 +184,21 @@ class Runtime:
         """(True, what was found) when this backend can run here, else (False, why not)."""
         raise NotImplementedError
 
+    @staticmethod
+    def check_shared_options(*, queues_per_device: Any, watchdog_s: Any, spin_s: Any,
+                             copy_engines: Any) -> None:
+        """The values of the options every backend takes, checked before anything starts:
+        TypeError for a wrong type, ValueError for a value out of range (naming the option)."""
+        if isinstance(queues_per_device, bool) or not isinstance(queues_per_device, int):
+            raise TypeError(f"queues_per_device must be an integer, got {queues_per_device!r}")
+        if queues_per_device < 1:
+            raise ValueError(f"queues_per_device must be positive, got {queues_per_device!r}")
+        if watchdog_s is not None:
+            _check_seconds("watchdog_s", watchdog_s, "positive (or None: no watchdog)", lambda v: v > 0)
+        _check_seconds("spin_s", spin_s, "zero or positive", lambda v: v >= 0)
+        if not isinstance(copy_engines, (bool, np.bool_)):
+            raise TypeError(f"copy_engines must be True or False, got {copy_engines!r}")
+
     def _init_core(self, hub: FutureHub, *, copy_engines: bool) -> None:
         """State every backend has; call first in the subclass's ``__init__``."""
         self.backend, self.reason = self._chosen
@@ -292,17 +309,24 @@ class Runtime:
                 CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), deps))
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
-        """Host pointers, then the engine when one can take the copy, else a shader copy."""
-        self._pinned_sides(op)
-        self._host_pointers(op)
-        fut = None
-        if self.copy_engines or not self._shader_can_copy(op):
-            fut = self._submit_copy(op, deps)
-        if fut is None:
-            dev, n = op.device, op.nbytes
-            fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n), (256,),
-                                     [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state], [op.dst.state],
-                                     keep=op.keep, cleanup=op.cleanup, copy=op)
+        """Host pointers, then the engine when one can take the copy, else a shader copy. The
+        hooks raise only before a future took ``op.cleanup`` over: then the host memory they
+        locked (or the pinned blocks staged) is released here."""
+        try:
+            self._pinned_sides(op)
+            self._host_pointers(op)
+            fut = None
+            if self.copy_engines or not self._shader_can_copy(op):
+                fut = self._submit_copy(op, deps)
+            if fut is None:
+                dev, n = op.device, op.nbytes
+                fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
+                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state],
+                                         [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
+        except BaseException:
+            for fn in op.cleanup:
+                fn()
+            raise
         fut.kind, fut.nbytes = "copy", op.nbytes
         return fut
 
@@ -388,7 +412,7 @@ class Runtime:
         capture = self.capturing()
         if capture is not None:
             from .kernels import fill_kernel
-            return capture.record_launch(dev, fill_kernel, (max(buf.nbytes // 4, 1),), (256,),
+            return capture.record_launch(dev, fill_kernel, dev.fill_grid(buf.nbytes // 4), (256,),
                                          (buf, word, buf.nbytes // 4), after)
         with self.lock:
             self.check_open()
@@ -397,20 +421,26 @@ class Runtime:
 
     # -- joins ---------------------------------------------------------------------------------
     def gather(self, futures: Iterable[GPUFuture]) -> GPUFuture:
-        """One future for all of ``futures`` (a join on the device where possible)."""
+        """One future for all of ``futures`` (a join on the device where possible). It settles
+        once every member has settled and the device is done with its work (as trio's nurseries
+        and anyio's task groups wait for every child, unlike ``asyncio.gather``), then fails
+        with the error of the first member, in argument order, that failed."""
         futures = self.check_after(list(futures))
         capture = self.capturing()
         if capture is not None:
             return capture.record_gather(futures)
         with self.lock:
             self.check_open()
-            deps = {f: True for f in futures}
-            err = ordering.failed_dependency(deps)
             live = [f for f in futures if not f.retired]
-            if err is not None or not live:
+            if not live:
+                err = next((f._exc for f in futures if f._exc is not None), None)
                 return completed_future(self.hub, "gather", err)
             device = next((f.device for f in live if f.device is not None), self.devices[0])
-            return self._submit_join(device, live, deps)
+            # Ordering edges only: a member's failure must not settle the join early.
+            fut = self._submit_join(device, live, {f: False for f in live})
+            if fut.members is None and not fut.done():
+                fut.members = futures
+            return fut
 
     # -- graphs ----------------------------------------------------------------------------------
     def instantiate(self, graph: Any) -> Any:
@@ -490,7 +520,12 @@ class Runtime:
     # -- shutdown ------------------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:
         """Wait (up to ``timeout`` s) for submitted work, then release every resource.
-        Idempotent; later operations raise RuntimeClosedError."""
+
+        Returns about ``timeout`` s after the call at the latest. Work still pending then is
+        abandoned, as ``concurrent.futures.Executor.shutdown(cancel_futures=True)`` abandons
+        queued work: its futures fail with a GPUError that says so (awaiters wake; nothing
+        hangs), and the driver resources it may still use are released in the background once
+        the device is done with them. Idempotent; later operations raise RuntimeClosedError."""
         with self.lock:
             if self.closed:
                 return
@@ -500,12 +535,32 @@ class Runtime:
             self.hub.poll()
             if self.hub.pending_count:
                 time.sleep(0.002)
-        self.hub.close()
         with self.lock:
-            for exe in list(self._graphs):
-                exe.destroy()
-            self.pinned.close()
-            self._release()
+            abandoned = self._abandon_pending(timeout)
+        self.hub.stop()
+        if abandoned:
+            threading.Thread(target=self._shutdown, name="aiogpu-close", daemon=True).start()
+        else:
+            self._shutdown()
+
+    def _abandon_pending(self, timeout: float) -> int:
+        """Fail every future still pending at close (under the lock); how many were pending."""
+        pending = self.hub.pending_futures()
+        for fut in pending:
+            if not fut.done():
+                self.hub.fail(fut, GPUError(f"{fut.label}: abandoned: the runtime was closed before it "
+                                            f"completed (close timeout {timeout:g} s)",
+                                            queue=fut.queue, packet=fut.packet))
+        return len(pending)
+
+    def _shutdown(self) -> None:
+        """Destroy graph executables and release the backend (the waiter has stopped; the
+        runtime is closed, so nothing else touches the driver objects: no lock is held, and a
+        release that waits for the device blocks nobody)."""
+        for exe in list(self._graphs):
+            exe.destroy()
+        self.pinned.close()
+        self._release()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -515,6 +570,13 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.backend}: {len(self.devices)} GPU(s)>"
+
+
+def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not ok(float(value)):          # (NaN fails every comparison)
+        raise ValueError(f"{name} must be {wanted}, got {value!r}")
 
 
 def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:

@@ -20,11 +20,13 @@ POINTER_SIZE = 8
 
 @dataclass(frozen=True)
 class Arg:
-    """One parameter: a scalar, or a pointer to ``dtype`` (``const`` when read-only)."""
+    """One parameter: a scalar, or a pointer to ``dtype`` (``const`` when read-only, ``out``
+    when write-only: the kernel overwrites what it touches and reads none of it)."""
 
     type_name: str
     pointer: bool
     const: bool = False
+    out: bool = False
 
     @property
     def dtype(self) -> np.dtype:
@@ -35,7 +37,8 @@ class Arg:
         return POINTER_SIZE if self.pointer else self.dtype.itemsize
 
     def __str__(self) -> str:
-        return ("const " if self.const else "") + self.type_name + ("*" if self.pointer else "")
+        qualifier = "const " if self.const else "out " if self.out else ""
+        return qualifier + self.type_name + ("*" if self.pointer else "")
 
 
 def parse_signature(text: str) -> tuple[Arg, ...]:
@@ -47,12 +50,12 @@ def parse_signature(text: str) -> tuple[Arg, ...]:
         if not raw and text.strip() == "":
             return ()
         words = raw.replace("*", " * ").split()
-        const = bool(words) and words[0] == "const"
-        words = words[1:] if const else words
+        qualifier = words[0] if words[:1] in (["const"], ["out"]) else None
+        words = words[1:] if qualifier else words
         pointer = words[-1:] == ["*"]
         words = words[:-1] if pointer else words
-        if len(words) != 1 or words[0] not in SCALARS or (const and not pointer):
+        if len(words) != 1 or words[0] not in SCALARS or (qualifier and not pointer):
             raise ValueError(f"bad kernel argument type {raw!r} at position {i}: expected one of "
-                             f"{', '.join(SCALARS)}, 'T*' or 'const T*'")
-        args.append(Arg(words[0], pointer, const))
+                             f"{', '.join(SCALARS)}, 'T*', 'const T*' or 'out T*'")
+        args.append(Arg(words[0], pointer, qualifier == "const", qualifier == "out"))
     return tuple(args)

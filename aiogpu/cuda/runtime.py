@@ -64,23 +64,23 @@ class CudaRuntime(Runtime):
         ok, why = probe()
         if not ok:
             raise BackendUnavailable("cuda", why, FIXES["cuda"])
-        if isinstance(queues_per_device, bool) or not isinstance(queues_per_device, int) or queues_per_device < 1:
-            raise ValueError(f"queues_per_device must be a positive integer, got {queues_per_device!r}")
+        self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
+                                  copy_engines=copy_engines)
         self.completion_words = completion_words
         self.event_waits = event_waits or not completion_words
         self._init_core(CudaHub(spin_s=spin_s, watchdog_s=watchdog_s), copy_engines=copy_engines)
         self.reason = f"CUDA: {why}"
-        count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-        try:
+        try:                       # a failed construction leaves no waiter thread behind
+            count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
             self.devices = [CudaDevice(self, i, compute_streams=queues_per_device) for i in range(count)]
+            self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
+            lane = self.devices[0].compute[0]
+            self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
+            self.host = hostmem.HostMemory(self)
+            self._enable_peers()
         except BaseException:
             self.hub.close()
             raise
-        self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
-        lane = self.devices[0].compute[0]
-        self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
-        self.host = hostmem.HostMemory(self)
-        self._enable_peers()
 
     def _enable_peers(self) -> None:
         for a in self.devices:
@@ -248,11 +248,16 @@ class CudaRuntime(Runtime):
         return run
 
     def _host_source(self, arr: np.ndarray, state: Any, nbytes: int, cleanup: list) -> int:
-        """A device-readable pointer holding ``arr``'s bytes for a host-to-device copy."""
+        """A device-readable pointer holding ``arr``'s bytes for a host-to-device copy.
+
+        (A bounced device-to-host copy into only part of ``arr``, still pending, lands on the
+        host after this copy may have read ``arr`` in place: such arrays must not be uploaded
+        before that copy completed. Bounces happen only for arrays whose pages are held by a
+        busy registration that does not cover them.)"""
         addr = arr.__array_interface__["data"][0]
         writer = state.last_write
         pending = writer is not None and not writer.retired
-        block = getattr(writer, "staging", None) if pending else None
+        block = getattr(writer, "staging", None) if pending and state.written_by(writer) else None
         if block is not None and not writer.done():
             # A device-to-host copy into ``arr`` went through a bounce block and has not
             # landed in ``arr`` yet: its block holds the newest bytes, on the device side.
@@ -273,9 +278,7 @@ class CudaRuntime(Runtime):
                           cleanup: list) -> tuple[int, list | None, Any]:
         """(device-writable pointer, host-side completion steps, bounce block) for a
         device-to-host copy into ``arr``."""
-        writer = state.last_write
-        after_bounce = (writer is not None and not writer.retired
-                        and getattr(writer, "staging", None) is not None)
+        after_bounce = any(getattr(w, "staging", None) is not None for w in state.writers())
         if not after_bounce:        # (after a bounced write, bounce too: host steps stay in order)
             got = self.host.pin(arr)
             if got is not None:
@@ -326,8 +329,9 @@ class CudaRuntime(Runtime):
 
     def _release(self) -> None:
         for dev in self.devices:
-            dev._destroy()
+            dev._destroy()          # synchronises: no host function posts the semaphore after
         self.host.close()
+        self.hub.close()
         for dev in self.devices:
             dev.release_context()
         D.forget_current()

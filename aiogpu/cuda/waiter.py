@@ -210,8 +210,9 @@ class CudaHub(FutureHub):
     def completed_now(self, fut: CudaFuture) -> None:
         """The spin saw ``fut`` complete: settle what its awaiters see now, and leave retiring it
         (freeing its event, buffers, host memory) to the waiter's next scan, off the latency
-        path. Futures with host-side completion steps settle fully at once."""
-        if fut.on_complete or fut.host_deps:
+        path. Futures with host-side completion steps, and joins (whose members decide how
+        they settle), settle fully at once."""
+        if fut.on_complete or fut.host_deps or fut.members is not None:
             self.observed(fut.lane, fut.ticket, 0)
             return
         posts: dict = {}

@@ -63,12 +63,14 @@ class HsaDevice(Device):
                        lengths: list, deps: dict, reads: list, writes: list, *,
                        keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> GPUFuture:
         """One dispatch packet, after barrier-AND packets for dependencies on other queues and
-        engines (the barrier bit for one on the same queue)."""
+        engines (the barrier bit for one on the same queue). Whatever can fail (packing the
+        arguments, their size) fails before the future exists."""
         hub = self.runtime.hub
         queue = self.pick_lane(deps)
-        fut = hub.new_future(label)
-        fut.device, fut.kind, fut.lane = self, "dispatch", queue
-        packets, barrier = self._wait_packets(fut, queue, deps)
+        kernarg = pack_args(loaded, values, lengths)
+        if len(kernarg) > queue.kernarg.size:
+            raise ValueError(f"{label}: {len(kernarg)} bytes of kernel arguments exceed the kernarg "
+                             f"ring of {queue.name} ({queue.kernarg.size} bytes)")
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
         grid3, block3 = tuple(grid) + (1,) * (3 - dims), tuple(block) + (1,) * (3 - dims)
@@ -77,8 +79,10 @@ class HsaDevice(Device):
         pkt.private_segment_size = loaded.private_segment_size
         pkt.group_segment_size = loaded.group_segment_size
         pkt.kernel_object = loaded.kernel_object
+        fut = hub.new_future(label)
+        fut.device, fut.kind, fut.lane = self, "dispatch", queue
+        packets, barrier = self._wait_packets(fut, queue, deps)
         pkt.completion_signal.handle = fut.signal
-        kernarg = pack_args(loaded, values, lengths)
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
         packets.append((pkt, header | dims << 16))
         self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg)

@@ -178,7 +178,7 @@ class HsaGraphExec(GraphExec):
         src, dst = node.op["src"], node.op["dst"]
         n = dst.nbytes
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
-        return copy_kernel, (max(n, 1),), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
+        return copy_kernel, device.copy_grid(n), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
 
     def _graph_kernarg(self, device: Device, data: bytes) -> int:
         address, size = self.runtime.kernarg_block(device.agent) if not self._kernarg_blocks or \
@@ -198,13 +198,16 @@ class HsaGraphExec(GraphExec):
 
     def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> GPUFuture:
         hub = self.runtime.hub
+        # Everything that can fail comes before any future exists (nothing to leak or undo).
+        packed = {node: pack_args(node.op["device"].loaded(node.op["kernel"]), p["values"], p["lengths"])
+                  for node, p in patches.items()}
         if self._last is not None and not self._last.retired:
             deps.setdefault(self._last, False)       # replays run in launch order
         head = [d for d in deps if not d.retired]
         node_futs = {n: hub.new_future(f"{n.label} (replay {self.replays})") for n in self.signaled}
         parts = []
         for lane in self.lanes.values():
-            parts.append(self._submit_lane(lane, node_futs, head, deps, patches))
+            parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed))
         for node, engine in self.engine_of.items():
             parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
         replay = hub.new_future(label)
@@ -222,7 +225,8 @@ class HsaGraphExec(GraphExec):
         self._last = replay
         return replay
 
-    def _submit_lane(self, lane: _Lane, node_futs: dict, head: list, deps: dict, patches: dict) -> GPUFuture:
+    def _submit_lane(self, lane: _Lane, node_futs: dict, head: list, deps: dict, patches: dict,
+                     packed: dict) -> GPUFuture:
         hub = self.runtime.hub
         blob = bytearray(lane.blob)
         for i, node in lane.completions:
@@ -232,8 +236,7 @@ class HsaGraphExec(GraphExec):
             i = lane.dispatch_at.get(node)
             if i is None:
                 continue
-            loaded = lane.device.loaded(node.op["kernel"])
-            kernargs[i] = pack_args(loaded, p["values"], p["lengths"])
+            kernargs[i] = packed[node]
             g3 = tuple(p["grid"]) + (1,) * (3 - len(p["grid"]))
             b3 = tuple(p["block"]) + (1,) * (3 - len(p["block"]))
             struct.pack_into("<HHHHIII", blob, i * 64 + GRID_OFFSET, *b3, 0, *g3)

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import ordering
 from ..errors import GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
@@ -60,10 +61,11 @@ class HsaRuntime(Runtime):
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
                  watchdog_s: float | None = None, copy_engines: bool = True, spin_s: float = 0.0,
                  **emulator_options: Any):
-        _check_positive("queues_per_device", queues_per_device, int)
+        self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
+                                  copy_engines=copy_engines)
         _check_positive("ring_size", ring_size, int)
-        if watchdog_s is not None:
-            _check_positive("watchdog_s", watchdog_s, (int, float))
+        if ring_size & (ring_size - 1):
+            raise ValueError(f"ring_size must be a power of two (AQL queues are), got {ring_size}")
         name, reason = self._chosen
         self.api = loader.load(name, reason, **emulator_options)
         try:
@@ -81,11 +83,22 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks: list[int] = []
         self.host = HostLocks(self.api, self.all_agents)
         self.memory_faults: list[dict] = []
+        self._check_ring_size(ring)
         self._event_cb = T.system_event_callback_t(self._on_system_event)
         self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.hub.on_timeout = self._on_timeout
+
+    def _check_ring_size(self, ring: int) -> None:
+        """ValueError when a GPU agent's queues cannot have ``ring`` packets."""
+        for agent in self.gpu_agents():
+            lo, hi = ctypes.c_uint32(), ctypes.c_uint32()
+            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(lo))
+            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(hi))
+            if hi.value and not lo.value <= ring <= hi.value:
+                raise ValueError(f"ring_size {ring} is outside the queue sizes of {self.agent_name(agent)} "
+                                 f"({lo.value} to {hi.value} packets)")
 
     def _abandon(self) -> None:
         """A construction that failed part-way: stop the waiter and free what exists."""
@@ -203,7 +216,9 @@ class HsaRuntime(Runtime):
 
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
         """The copy on one of the device's SDMA engines (source device for peer copies and
-        device-to-host, destination for host-to-device); None when none can take it."""
+        device-to-host, destination for host-to-device); None when none can take it. An engine
+        that refuses the copy with another error fails it: the future returned has failed
+        (what it would have written reads as failed) and the host memory it locked is released."""
         device: HsaDevice = op.device
         dst_agent, src_agent = self.agent_of(op.dst), self.agent_of(op.src)
         engine = device.engines.pick(dst_agent, src_agent)
@@ -214,17 +229,30 @@ class HsaRuntime(Runtime):
         live = [d for d in deps if not d.retired]
         for dep in live:
             self.hub.depend(fut, dep, semantic=deps[dep])
-        name = device.engines.submit(engine, op.dst.ptr, dst_agent, op.src.ptr, src_agent, op.nbytes,
-                                     [d.signal for d in live], fut.signal)
+        try:
+            name = device.engines.submit(engine, op.dst.ptr, dst_agent, op.src.ptr, src_agent, op.nbytes,
+                                         [d.signal for d in live], fut.signal)
+        except GPUError as exc:
+            self._withdraw(fut, live)
+            for fn in op.cleanup:
+                fn()
+            op.cleanup.clear()
+            err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
+            err.__cause__ = exc
+            return ordering.failed_without_running(self.hub, op.label, err, [op.dst.state])
         if name is None:           # the engine ran out between status and submit
-            for dep in live:
-                if fut in dep._dependents:
-                    dep._dependents.remove(fut)
-            self.hub.discard(fut)
+            self._withdraw(fut, live)
             return None
         fut.queue = name
         self.track(fut, [op.src.state], [op.dst.state], live, op.keep, op.cleanup)
         return fut
+
+    def _withdraw(self, fut: GPUFuture, live: list) -> None:
+        """Forget a copy future whose engine did not take the copy."""
+        for dep in live:
+            if fut in dep._dependents:
+                dep._dependents.remove(fut)
+        self.hub.discard(fut)
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
     def _submit_join(self, device: Any, live: list, deps: dict) -> GPUFuture:
@@ -233,7 +261,7 @@ class HsaRuntime(Runtime):
         fut = self.hub.new_future(f"gather of {len(deps)}")
         fut.device, fut.kind, fut.lane = device, "join", queue
         for dep in live:
-            self.hub.depend(fut, dep)
+            self.hub.depend(fut, dep, semantic=deps[dep])
         packets = barrier_and_packets([d.signal for d in live], fut.signal)
         device.submit_group(fut, queue, packets, [], [], live)
         return fut
@@ -325,9 +353,10 @@ class HsaRuntime(Runtime):
 
     def _release(self) -> None:
         for dev in self.devices:
-            dev._destroy()
+            dev._destroy()          # queues first: no packet reads a signal or kernarg after
         for block in self._kernarg_blocks:
             self.api.hsa_amd_memory_pool_free(block)
+        self.hub.close()
         if self.backend == "emulator":
             self.api.hsa_shut_down()
 
