@@ -90,7 +90,7 @@ class Loader:
 
     async def __aenter__(self) -> "Loader":
         self._slots = {id(d): anyio.Semaphore(self.prefetch) for d in self.devices}
-        self._send, self._recv = anyio.create_memory_object_stream(self.prefetch * len(self.devices))
+        self._send, self._recv = anyio.create_memory_object_stream[Batch](self.prefetch * len(self.devices))
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._tg.start_soon(self._produce)
@@ -176,7 +176,7 @@ class Loader:
 
     async def _stage_structure(self, device: Any, host: Any) -> Any:
         """``host`` with its large arrays replaced by copies in pinned memory (made off the loop)."""
-        arrays = []
+        arrays: list[Any] = []
         _map_structure(arrays.append, host)
         staged: dict[int, np.ndarray] = {}
         for arr in arrays:

@@ -161,7 +161,8 @@ class Device:
 
     def _submit_kernel(self, loaded: Any, label: str, grid: tuple, block: tuple, values: list,
                        lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = ()) -> GPUFuture:
+                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> GPUFuture:
+        """One dispatch after ``deps`` (``copy``: the CopyOp when it is a shader copy)."""
         raise NotImplementedError
 
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> GPUFuture:

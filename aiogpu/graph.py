@@ -199,7 +199,10 @@ class GraphExec:
 
     def _buffers(self, patches: dict) -> tuple[list, list, list]:
         """Ordering states read and written by this replay, and what it keeps alive."""
-        rt, reads, writes, keep = self.runtime, [], [], []
+        rt = self.runtime
+        reads: list = []
+        writes: list = []
+        keep: list = []
         for node in self.nodes:
             if node.kind == "launch":
                 args = patches.get(node, {}).get("args", node.op["args"])

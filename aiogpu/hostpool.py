@@ -82,13 +82,16 @@ class PinnedPool:
             address, large = self._large(round_up(nbytes, BLOCK)), True
         self._handed_out += 1
         returns = self._returns
-        return address, self.device_pointer(address), lambda: returns.append((address, large))
+        slab = self._slab_of(address)
+        assert slab is not None                  # the block was just carved from a slab
+        return address, slab.device + (address - slab.base), lambda: returns.append((address, large))
 
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
         block returns to the pool when the array and its views are gone."""
         address, _, release = self.block(nbytes)
         slab = self._slab_of(address)
+        assert slab is not None
         out = np.frombuffer(slab.view(address, nbytes), dtype=dtype)
         weakref.finalize(out, release)
         return out

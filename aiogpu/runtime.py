@@ -152,6 +152,7 @@ class Runtime:
     """
 
     backend: str = ""
+    _chosen: tuple[str, str]
     OPTIONS: ClassVar[frozenset[str]] = frozenset({"watchdog_s", "copy_engines", "queues_per_device", "spin_s"})
 
     def __new__(cls, backend: str | None = None, **options: Any) -> Any:
@@ -383,7 +384,9 @@ class Runtime:
         if isinstance(side, np.ndarray):
             addr = side.__array_interface__["data"][0]
             return CopySide(side, True, None, self.hazards.host(addr, side.nbytes), None)
-        ptr, nbytes, device, stream = self._foreign(side, name)
+        info = self._foreign(side, name)
+        assert info is not None                  # _check_copy accepted it as a foreign array
+        ptr, nbytes, device, stream = info
         return CopySide(side, False, device, self.hazards.host(ptr, nbytes), ptr, stream)
 
     # Foreign device arrays (other libraries' memory) in copies: none by default.
