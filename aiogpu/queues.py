@@ -136,7 +136,17 @@ class AqlQueue:
         self._create()
 
     # -- lifecycle -----------------------------------------------------------------------------
+    def ring_size(self, requested: int) -> int:
+        """``requested`` rounded up to a power of two and clamped to the agent's
+        [QUEUE_MIN_SIZE, QUEUE_MAX_SIZE] (ROCr rejects anything else: 64 <= size <= 0x20000)."""
+        low, high = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(low))
+        self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(high))
+        size = 1 << max(int(requested) - 1, 0).bit_length()
+        return min(max(size, low.value or 1), high.value or size)
+
     def _create(self) -> None:
+        self.size = self.ring_size(self.size)
         qp = ctypes.POINTER(T.hsa_queue_t)()
         self.api.check(self.api.hsa_queue_create(self.agent, self.size, T.HSA_QUEUE_TYPE_MULTI, self._callback,
                                                  None, 0xFFFFFFFF, 0xFFFFFFFF, ctypes.byref(qp)),

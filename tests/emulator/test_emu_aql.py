@@ -13,7 +13,8 @@ from aiogpu.hsa_bindings import types as T
 from emu_helpers import barrier_packet, ok, saxpy_body
 
 
-def test_ring_of_four_slots_takes_1000_packets(hsa):
+def test_ring_of_four_slots_takes_1000_packets(make_hsa):
+    hsa = make_hsa(emulator_min_queue_size=4)
     q, done = hsa.queue(0, size=4), hsa.signal(1000)
     assert q.size == 4
     for _ in range(1000):
@@ -24,8 +25,9 @@ def test_ring_of_four_slots_takes_1000_packets(hsa):
     assert not hsa.errors
 
 
-def test_many_producers_one_queue(hsa):
+def test_many_producers_one_queue(make_hsa):
     """Multi-producer: slots are published out of order; the processor still takes them in order."""
+    hsa = make_hsa(emulator_min_queue_size=16)
     q, done = hsa.queue(0, size=16), hsa.signal(800)
 
     def produce():
@@ -233,7 +235,7 @@ def test_queue_error_waits_for_earlier_packets_to_retire(make_hsa):
         seen.append((status, hsa.api.hsa_queue_load_read_index_scacquire(queue)))
 
     qp = ctypes.POINTER(T.hsa_queue_t)()
-    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 16, 0, on_error, None, 0, 0, ctypes.byref(qp)))
+    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 64, 0, on_error, None, 0, 0, ctypes.byref(qp)))
     from emu_helpers import AqlWriter
     q, done = AqlWriter(hsa.api, qp), hsa.signal(1)
     q.submit(ks.packet((1,), (1,), ks.kernargs([buf], [64]), done))

@@ -72,7 +72,7 @@ def test_destroy_queue_from_its_error_callback(hsa):
         destroyed.append(hsa.api.hsa_queue_destroy(queue))
 
     qp = ctypes.POINTER(T.hsa_queue_t)()
-    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 16, 0, on_error, None, 0, 0, ctypes.byref(qp)))
+    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 64, 0, on_error, None, 0, 0, ctypes.byref(qp)))
     from emu_helpers import AqlWriter
     empty_dispatch = packets.make_header(packets.HSA_PACKET_TYPE_KERNEL_DISPATCH) | 1 << 16, bytes(64)
     AqlWriter(hsa.api, qp).submit(empty_dispatch)  # grid 0: fails

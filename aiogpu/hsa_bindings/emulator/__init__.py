@@ -37,7 +37,7 @@ import numpy as np
 from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
-from .agents import QUEUE_MAX_SIZE, Agent, AgentTable, StatusStrings, agent_info, system_info
+from .agents import QUEUE_MAX_SIZE, QUEUE_MIN_SIZE, Agent, AgentTable, StatusStrings, agent_info, system_info
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
@@ -119,18 +119,22 @@ class EmulatedLibrary:
     """The emulated HSA library with ``gpus`` GPU agents (plus the CPU agent).
 
     Options: ``sdma_engines`` per GPU (0..16), ``compute_units`` worker threads per GPU (how many
-    dispatches overlap), ``eager`` packet processor from the start, ``min_queue_size`` (a power of
-    two; HSA_AGENT_INFO_QUEUE_MIN_SIZE).
+    dispatches overlap), ``eager`` packet processor from the start.
+
+    Emulator-only (no ROCr equivalent; for tests): ``emulator_min_queue_size`` lowers
+    HSA_AGENT_INFO_QUEUE_MIN_SIZE below ROCr's 64 packets (a power of two), so tests can exercise
+    tiny rings.
     """
 
     def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, compute_units: int = 4, eager: bool = False,
-                 min_queue_size: int = 4) -> None:
+                 emulator_min_queue_size: int = QUEUE_MIN_SIZE) -> None:
         if gpus < 0 or not 0 <= sdma_engines <= T.MAX_SDMA_ENGINES or compute_units < 1:
             raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 16 and compute_units >= 1")
-        if min_queue_size < 1 or min_queue_size & (min_queue_size - 1) or min_queue_size > QUEUE_MAX_SIZE:
-            raise ValueError(f"min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
+        size = emulator_min_queue_size
+        if size < 1 or size & (size - 1) or size > QUEUE_MAX_SIZE:
+            raise ValueError(f"emulator_min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
         self.gpus, self.sdma_engines, self.compute_units = gpus, sdma_engines, compute_units
-        self.min_queue_size = min_queue_size
+        self.min_queue_size = size
         self.name = f"aiogpu-emu{next(_serials)}"
         self.api_errors: list[ApiError] = []
         self.queue_errors: list[QueueErrorRecord] = []
