@@ -261,17 +261,19 @@ class AqlQueue:
         with self.hub.lock:
             if generation != self.generation or self._q is None:
                 return
-            failed_at = self.api.hsa_queue_load_read_index_scacquire(self._q)
-            err = GPUError(f"queue {self.name} failed at packet {failed_at}: {T.status_name(status)}",
-                           status=status, queue=self.name, packet=failed_at)
-            self.abort(err, failed_at)
+            err = GPUError(f"queue {self.name} failed: {T.status_name(status)}", status=status, queue=self.name)
+            self.abort(err, None)
 
-    def abort(self, err: GPUError, failed_at: int) -> None:
-        """Destroy the HSA queue, fail every operation on it and replace it (under lock).
+    def abort(self, err: GPUError, failed_at: int | None = None) -> None:
+        """Destroy the HSA queue, settle every operation on it and replace it (under lock).
 
-        The operation whose packets include ``failed_at`` fails with ``err``; the others with an
-        error that says the queue failed before they ran (or before they were submitted). Once
-        the queue is destroyed none of its packets can run, so everything they held is freed.
+        An operation whose completion signal already reads complete completed before the error
+        and completes normally. Of the others, one is blamed with ``err``'s status: the one whose
+        packets include ``failed_at`` when given (the watchdog names the silent packet), else the
+        oldest one not complete. The read index is not used: it advances as packets launch, so
+        several later packets may be past it when one fails. The rest fail with an error saying
+        the queue failed before they completed (or before they were submitted). Once the queue is
+        destroyed none of its packets can run, so everything they held is freed.
         """
         self.broken = True
         victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
@@ -281,20 +283,34 @@ class AqlQueue:
         self.destroy()              # no packet of it can run any more
         self.generation += 1
         self.errors.append(str(err))
+        done = [(f.signal, f) for f, _ in victims if f.signal and self.hub.is_complete(f.signal)]
+        self.hub._settle(done)      # completed before the error: they are not failed
+        pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
+        blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
-        for fut, (first, last) in victims:
-            if first <= failed_at <= last:
-                self.hub.fail(fut, err)
+        where = f" at packet {blamed[1][1]}" if blamed is not None else ""
+        for fut, (first, last) in pending:
+            if blamed is not None and fut is blamed[0]:
+                self.hub.fail(fut, err if failed_at is not None else GPUError(
+                    f"{fut.label}: queue {self.name} failed at packet {last}: {why}", status=err.status,
+                    queue=self.name, packet=last))
             else:
-                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {failed_at} "
-                                            f"({why}) before it ran", status=err.status, queue=self.name,
-                                            packet=last))
+                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed{where} ({why}) before it "
+                                            f"completed", status=err.status, queue=self.name, packet=last))
         for group in parked:
             self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed ({why}) "
                                                  f"before it was submitted", status=err.status, queue=self.name))
-        for fut in [f for f, _ in victims] + [g.future for g in parked]:
+        for fut in [f for f, _ in pending] + [g.future for g in parked]:
             self.hub.retire_failed(fut)
         self._create()
+
+    @staticmethod
+    def _blame(pending: list, failed_at: int | None) -> tuple | None:
+        """The (future, span) to blame: the one whose packets include ``failed_at``, or without
+        it the oldest not yet settled (one failed already, by a dependency, is not the cause)."""
+        if failed_at is None:
+            return next(((f, span) for f, span in pending if not f.done()), None)
+        return next(((f, span) for f, span in pending if span[0] <= failed_at <= span[1]), None)
 
     def __repr__(self) -> str:
         return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"

@@ -112,3 +112,44 @@ async def test_task_group_on_asyncio(rt):
 
 def test_task_group_on_trio(rt):
     anyio.run(task_group_scenario, rt, backend="trio")
+
+
+@pytest.mark.asyncio
+async def test_queue_error_fails_only_work_that_had_not_completed(make_runtime):
+    """Issue 13.11: when a queue fails, work on it that already completed (its completion signal
+    reads 0) completes; only the rest fails."""
+    rt = make_runtime(gpus=1, queues_per_device=1)
+    d0 = rt.devices[0]
+    rt.api.emulator.faults.queue_error_at(201, agent=0)
+    futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)) for _ in range(201)]
+    results = await asyncio.gather(*[_outcome(f) for f in futs])
+    ran = {r.packet for r in rt.api.emulator.timeline.records(kind="dispatch")}
+    wrongly_failed = [f for f, r in zip(futs, results) if r is not None and f.packet in ran]
+    assert len(ran) == 200 and not wrongly_failed, f"{len(wrongly_failed)} completed kernels reported failed"
+    assert isinstance(results[-1], aiogpu.GPUError) and results[-1].packet == futs[-1].packet
+
+
+@pytest.mark.asyncio
+async def test_blame_does_not_depend_on_the_read_index(make_runtime):
+    """Issue 14.7: the read index advances as packets launch, so when a kernel fails later
+    packets may already be past it; the failed kernel is blamed, not whatever the read index names."""
+    rt = make_runtime(gpus=1, queues_per_device=1)
+    d0 = rt.devices[0]
+    out = d0.alloc(4)
+    bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(out, 1))
+    later = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(30,)) for _ in range(3)]
+    with pytest.raises(aiogpu.GPUError) as info:
+        await bad
+    assert info.value.status == T.HSA_STATUS_ERROR_EXCEPTION
+    assert info.value.packet == bad.packet and "before it" not in str(info.value)
+    for f in later:
+        with pytest.raises(aiogpu.GPUError, match="queue gpu0.q0 failed"):
+            await f
+
+
+async def _outcome(fut):
+    try:
+        await fut
+    except aiogpu.GPUError as exc:
+        return exc
+    return None
