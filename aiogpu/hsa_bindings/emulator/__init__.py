@@ -20,7 +20,7 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the copies each SDMA engine ran), ``gpu_agent(i)``.
+  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``.
 """
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ from .faults import FaultInjector, FaultRecord
 from .memory import MemoryFault, MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
-from .sdma import CopyEngines, CopyRecord
+from .sdma import HISTORY_RECORDS, CopyEngines, CopyRecord
 from .signals import Signal, SignalTable, timeout_seconds
-from .timeline import Timeline, TimelineRecord
+from .timeline import DEFAULT_CAPACITY, Timeline, TimelineRecord
 
 __all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
            "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord"]
@@ -94,10 +94,10 @@ def hsa_function(method: Callable) -> Callable:
 class _State:
     """What hsa_init builds and hsa_shut_down tears down."""
 
-    def __init__(self, ctx: Context, copies_per_gpu: int) -> None:
+    def __init__(self, ctx: Context, copies_per_gpu: int, history: int) -> None:
         self.ctx = ctx
         self.queues = QueueTable()
-        self.copies = CopyEngines(ctx, copies_per_gpu)
+        self.copies = CopyEngines(ctx, copies_per_gpu, history)
 
     def close(self) -> None:
         """Stop and join every thread, then release signals, queue memory and allocations."""
@@ -123,11 +123,13 @@ class EmulatedLibrary:
 
     Emulator-only (no ROCr equivalent; for tests): ``emulator_min_queue_size`` lowers
     HSA_AGENT_INFO_QUEUE_MIN_SIZE below ROCr's 64 packets (a power of two), so tests can exercise
-    tiny rings.
+    tiny rings. Records kept for tests are bounded: ``timeline_records`` (the newest timeline
+    records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
     def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, compute_units: int = 4, eager: bool = False,
-                 emulator_min_queue_size: int = QUEUE_MIN_SIZE) -> None:
+                 emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
+                 engine_history_records: int = HISTORY_RECORDS) -> None:
         if gpus < 0 or not 0 <= sdma_engines <= T.MAX_SDMA_ENGINES or compute_units < 1:
             raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 16 and compute_units >= 1")
         size = emulator_min_queue_size
@@ -140,7 +142,8 @@ class EmulatedLibrary:
         self.queue_errors: list[QueueErrorRecord] = []
         self.memory_faults: list[MemoryFaultRecord] = []
         self.faults = FaultInjector(eager=eager)
-        self.timeline = Timeline()
+        self.timeline = Timeline(timeline_records)
+        self.engine_history_records = max(1, engine_history_records)
         self.faults.set_change_hook(self._wake_processors)
         self._state: _State | None = None
         self._init_count = 0
@@ -162,6 +165,14 @@ class EmulatedLibrary:
     def engine_history(self, gpu: int) -> list[list[CopyRecord]]:
         """Per SDMA engine of GPU ``gpu``, the copies it ran, in order."""
         return [list(e.history) for e in self._require_state().copies.engines[gpu]]
+
+    def engine_outcomes(self, gpu: int) -> dict[str, int]:
+        """How many copies the SDMA engines of GPU ``gpu`` ran, by outcome, since hsa_init."""
+        total: dict[str, int] = {}
+        for engine in self._require_state().copies.engines[gpu]:
+            for outcome, count in engine.outcomes.items():
+                total[outcome] = total.get(outcome, 0) + count
+        return total
 
     @property
     def initialized(self) -> bool:
@@ -497,7 +508,7 @@ class EmulatedLibrary:
                       signals=SignalTable(), code=CodeObjects(), events=SystemEvents(self.memory_faults),
                       faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
-        return _State(ctx, self.sdma_engines)
+        return _State(ctx, self.sdma_engines, self.engine_history_records)
 
     def _record(self, where: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,10 +56,14 @@ class CopyRecord:
     end_ns: int = field(default_factory=now_ns)
 
 
+HISTORY_RECORDS = 1024  # per engine; older CopyRecords are dropped (``outcomes`` keeps totals)
+
+
 class Engine:
-    def __init__(self, ctx: Context, agent: Agent, index: int) -> None:
+    def __init__(self, ctx: Context, agent: Agent, index: int, history: int = HISTORY_RECORDS) -> None:
         self.ctx, self.agent, self.index, self.bit = ctx, agent, index, 1 << index
-        self.history: list[CopyRecord] = []
+        self.history: deque[CopyRecord] = deque(maxlen=history)  # the newest copies only
+        self.outcomes: Counter[str] = Counter()  # every copy ever run, by outcome
         self.waiter = Waiter()
         self._lock = threading.Lock()
         self._jobs: deque[CopyJob] = deque()
@@ -141,7 +145,7 @@ class Engine:
         if delay:
             wait_for(Waiter(), (), lambda: self._stopping, delay)
         end = now_ns()
-        self.history.append(CopyRecord(job.seq, job.dst, job.src, job.size, job.name, "done"))
+        self._record(CopyRecord(job.seq, job.dst, job.src, job.size, job.name, "done"))
         if job.completion is not None:
             job.completion.set_timestamps(start, end)
             try:
@@ -151,8 +155,12 @@ class Engine:
         self.ctx.timeline.add(TimelineRecord(self.agent.gpu, None, self.index, "copy", job.name, job.size,
                                              start, end, job.seq))
 
+    def _record(self, record: CopyRecord) -> None:
+        self.history.append(record)
+        self.outcomes[record.outcome] += 1
+
     def _fault(self, job: CopyJob, fault: MemoryFault) -> None:
-        self.history.append(CopyRecord(job.seq, job.dst, job.src, job.size, job.name, "fault"))
+        self._record(CopyRecord(job.seq, job.dst, job.src, job.size, job.name, "fault"))
         self.ctx.events.memory_fault(self.agent.handle, self.agent.gpu, fault, f"sdma {self.index}")
         if job.completion is not None:   # after the event: the aborted copy retires
             try:
@@ -164,9 +172,9 @@ class Engine:
 class CopyEngines:
     """The SDMA engines of every GPU of one emulator."""
 
-    def __init__(self, ctx: Context, per_gpu: int) -> None:
+    def __init__(self, ctx: Context, per_gpu: int, history: int = HISTORY_RECORDS) -> None:
         self.ctx = ctx
-        self.engines = [[Engine(ctx, agent, i) for i in range(per_gpu)] for agent in ctx.agents.gpus]
+        self.engines = [[Engine(ctx, agent, i, history) for i in range(per_gpu)] for agent in ctx.agents.gpus]
         self._seq = [itertools.count() for _ in ctx.agents.gpus]
 
     def copy_agent(self, dst_agent: Agent, src_agent: Agent) -> Agent:
