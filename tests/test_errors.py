@@ -137,7 +137,7 @@ async def test_blame_does_not_depend_on_the_read_index(make_runtime):
     d0 = rt.devices[0]
     out = d0.alloc(4)
     bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(out, 1))
-    later = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(30,)) for _ in range(3)]
+    later = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(300,)) for _ in range(3)]
     with pytest.raises(aiogpu.GPUError) as info:
         await bad
     assert info.value.status == T.HSA_STATUS_ERROR_EXCEPTION

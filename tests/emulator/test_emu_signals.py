@@ -72,8 +72,8 @@ def test_wait_any_times_out_with_uint32_max_without_burning_cpu(hsa):
 
 def test_wait_blocks_until_another_thread_changes_the_value(hsa):
     s = hsa.signal(1)
+    t0 = time.monotonic()  # before the timer starts: a descheduled test thread cannot shorten the wait
     threading.Timer(0.05, lambda: hsa.api.hsa_signal_subtract_relaxed(s, 1)).start()
-    t0 = time.monotonic()
     got = hsa.api.hsa_signal_wait_scacquire(s, T.HSA_SIGNAL_CONDITION_LT, 1, UINT64_MAX, T.HSA_WAIT_STATE_BLOCKED)
     assert got == 0 and time.monotonic() - t0 >= 0.04
     # timeout: returns the current value
