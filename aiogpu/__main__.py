@@ -28,8 +28,9 @@ def info(args: argparse.Namespace) -> int:
             for dev in rt.devices:
                 if dev.agent.handle == agent.handle:
                     print(f"    queues: {', '.join(f'{q.name} (ring {q.size})' for q in dev.queues)}")
-                    engines = dev.engines.free_engines(agent, agent)
-                    print(f"    SDMA engines free: {len(engines)}"
+                    h2d = dev.engines.free_engines(agent, rt.all_agents()[0])   # per direction;
+                    d2h = dev.engines.free_engines(rt.all_agents()[0], agent)   # same-agent is invalid
+                    print(f"    SDMA engines free: host-to-device {len(h2d)}, device-to-host {len(d2h)}"
                           + ("" if rt.api.has_engine_copy else " (library lacks engine calls: shader copies)"))
     finally:
         rt.close()

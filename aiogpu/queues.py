@@ -317,20 +317,39 @@ class AqlQueue:
 
 
 class CopyEngines:
-    """The SDMA engines of one device, chosen from what ``copy_engine_status`` reports free.
+    """The SDMA engines of one device, chosen per copy direction from what ROCr reports.
 
-    ``submit`` returns the engine's name, or None when no engine is available (none free, the
-    queues are exhausted, or the library lacks the engine calls): the caller then runs the copy
-    as a shader copy on a compute queue.
+    ROCr's ``hsa_amd_memory_copy_engine_status`` answers per direction (ROCr:
+    GpuAgent::DmaCopyStatus): which engines may serve it (xGMI peers only xGMI engines; on
+    gfx90a engine 0 host-to-device only) and which of those are free; INVALID_AGENT for a copy
+    within one agent, OUT_OF_RESOURCES when none is free. An engine never used is reported free
+    even if ROCr cannot create its SDMA queue; ROCr then runs that engine's copies as blit
+    kernels and succeeds, and, once used, such an engine is never reported free again. So:
+
+    - an engine reported free for a direction is used for it (round-robin over the free ones);
+    - with none free, the copy queues behind a busy engine that was reported free for this
+      direction *after* it had been used (so it is a real SDMA queue), if there is one;
+    - otherwise (never reported free after use: busy or a blit kernel; a copy within one
+      device; a library without the engine calls) ``pick`` returns None and the caller runs a
+      shader copy. The copy call's own OUT_OF_RESOURCES (ROCr cannot even create its blit
+      kernel) also makes ``submit`` return None, and so does INVALID_ARGUMENT for an engine the
+      status reported: ROCr's status and copy checks disagree in one corner (a single-engine
+      gfx90a reports its device-to-host queue as engine 0, which the copy then refuses), so the
+      engine is dropped for that direction.
     """
 
     def __init__(self, api: Any, agent: Any, name: str):
         self.api, self.agent, self.name = api, agent, name
         self._next = 0
-        self.seen: set[int] = set()   # engines reported free at some point: they exist
+        self.seen: dict[tuple[int, int], set[int]] = {}   # direction -> engines reported free for it
+        self.used: set[int] = set()                        # engines this device submitted to
+        self.proven: set[int] = set()                      # reported free after use: SDMA queues
+        self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
         self.counts: dict[str, int] = {}
 
     def free_engines(self, dst_agent: Any, src_agent: Any) -> list[int]:
+        """Engine-id bits ROCr reports free for this direction ([] for none, an error, or a
+        library without the call)."""
         if not self.api.has_engine_copy:
             return []
         mask = ctypes.c_uint32(0)
@@ -338,27 +357,37 @@ class CopyEngines:
         return T.sdma_engine_bits(mask.value) if status == T.HSA_STATUS_SUCCESS else []
 
     def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
-        """An engine id bit for a copy between the two agents: round-robin over the free ones;
-        when every engine is busy, over the engines seen before (the copy queues behind the
-        others on its engine, as ROCr's SDMA queues do). None when no engine was ever reported:
-        then, and when the chosen engine turns out exhausted, the copy runs as a shader copy."""
-        engines = self.free_engines(dst_agent, src_agent)
-        if engines:
-            self.seen.update(engines)
+        """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, or None: run a
+        shader copy (see the class docstring)."""
+        direction = (dst_agent.handle, src_agent.handle)
+        free = [e for e in self.free_engines(dst_agent, src_agent) if (*direction, e) not in self.refused]
+        if free:
+            self.proven.update(e for e in free if e in self.used)
+            self.seen.setdefault(direction, set()).update(free)
+            engines = free
         else:
-            engines = sorted(self.seen)
+            engines = sorted(e for e in self.seen.get(direction, ()) if e in self.proven)
             if not engines:
                 return None
         self._next += 1
-        return engines[self._next % len(engines)]
+        engine = engines[self._next % len(engines)]
+        self.used.add(engine)
+        return engine
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
                deps: list[int], completion: int) -> str | None:
-        """Start the copy on ``engine``; its name, or None if the engine ran out meanwhile."""
+        """Start the copy on ``engine``; its name, or None if ROCr reports OUT_OF_RESOURCES.
+        Raises HsaError for any other failure (INVALID_ARGUMENT: an engine that cannot serve
+        this direction, which ``pick`` never returns)."""
         arr = (T.hsa_signal_t * len(deps))(*[T.hsa_signal_t(h) for h in deps]) if deps else None
         status = self.api.hsa_amd_memory_async_copy_on_engine(
             dst, dst_agent, src, src_agent, nbytes, len(deps), arr, T.hsa_signal_t(completion), engine, True)
         if status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+            return None
+        if status == T.HSA_STATUS_ERROR_INVALID_ARGUMENT and engine in self.seen.get(
+                (dst_agent.handle, src_agent.handle), ()):
+            self.refused.add((dst_agent.handle, src_agent.handle, engine))
+            self.seen[(dst_agent.handle, src_agent.handle)].discard(engine)
             return None
         self.api.check(status, "hsa_amd_memory_async_copy_on_engine")
         label = f"{self.name}.sdma{engine.bit_length() - 1}"

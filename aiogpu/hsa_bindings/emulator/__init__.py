@@ -46,7 +46,7 @@ from .faults import FaultInjector, FaultRecord
 from .memory import MemoryFault, MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
-from .sdma import HISTORY_RECORDS, CopyEngines, CopyRecord
+from .sdma import HISTORY_RECORDS, MAX_XGMI_ENGINES, CopyEngines, CopyRecord
 from .signals import Signal, SignalTable, timeout_seconds
 from .timeline import DEFAULT_CAPACITY, Timeline, TimelineRecord
 
@@ -94,10 +94,10 @@ def hsa_function(method: Callable) -> Callable:
 class _State:
     """What hsa_init builds and hsa_shut_down tears down."""
 
-    def __init__(self, ctx: Context, copies_per_gpu: int, history: int) -> None:
+    def __init__(self, ctx: Context, copies: CopyEngines) -> None:
         self.ctx = ctx
         self.queues = QueueTable()
-        self.copies = CopyEngines(ctx, copies_per_gpu, history)
+        self.copies = copies
 
     def close(self) -> None:
         """Stop and join every thread, then release signals, queue memory and allocations."""
@@ -118,8 +118,10 @@ class _State:
 class EmulatedLibrary:
     """The emulated HSA library with ``gpus`` GPU agents (plus the CPU agent).
 
-    Options: ``sdma_engines`` per GPU (0..16), ``compute_units`` worker threads per GPU (how many
-    dispatches overlap), ``eager`` packet processor from the start.
+    Options: ``sdma_engines`` per GPU (ROCr's NumSdmaEngines: 0..2; 0 models SDMA disabled, as
+    with HSA_ENABLE_SDMA=0), ``xgmi_engines`` per GPU (NumSdmaXgmiEngines, 0..14; with any, all
+    GPUs form one xGMI hive), ``compute_units`` worker threads per GPU (how many dispatches
+    overlap), ``eager`` packet processor from the start.
 
     Emulator-only (no ROCr equivalent; for tests): ``emulator_min_queue_size`` lowers
     HSA_AGENT_INFO_QUEUE_MIN_SIZE below ROCr's 64 packets (a power of two), so tests can exercise
@@ -127,15 +129,17 @@ class EmulatedLibrary:
     records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
-    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, compute_units: int = 4, eager: bool = False,
+    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, xgmi_engines: int = 0, compute_units: int = 4,
+                 eager: bool = False,
                  emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
                  engine_history_records: int = HISTORY_RECORDS) -> None:
-        if gpus < 0 or not 0 <= sdma_engines <= T.MAX_SDMA_ENGINES or compute_units < 1:
-            raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 16 and compute_units >= 1")
+        if gpus < 0 or not 0 <= sdma_engines <= 2 or not 0 <= xgmi_engines <= MAX_XGMI_ENGINES or compute_units < 1:
+            raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 2, 0 <= xgmi_engines <= 14 and compute_units >= 1")
         size = emulator_min_queue_size
         if size < 1 or size & (size - 1) or size > QUEUE_MAX_SIZE:
             raise ValueError(f"emulator_min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
         self.gpus, self.sdma_engines, self.compute_units = gpus, sdma_engines, compute_units
+        self.xgmi_engines = xgmi_engines
         self.min_queue_size = size
         self.name = f"aiogpu-emu{next(_serials)}"
         self.api_errors: list[ApiError] = []
@@ -163,13 +167,15 @@ class EmulatedLibrary:
         return T.hsa_agent_t(self._ctx().agents.gpus[index].handle)
 
     def engine_history(self, gpu: int) -> list[list[CopyRecord]]:
-        """Per SDMA engine of GPU ``gpu``, the copies it ran, in order."""
+        """Per engine of GPU ``gpu`` (ROCr's blits at engine offsets 1, 2, 3...: host-to-device,
+        device-to-host, xGMI...), the newest copies it ran, in order."""
         return [list(e.history) for e in self._require_state().copies.engines[gpu]]
 
     def engine_outcomes(self, gpu: int) -> dict[str, int]:
-        """How many copies the SDMA engines of GPU ``gpu`` ran, by outcome, since hsa_init."""
+        """How many copies the blits of GPU ``gpu`` (SDMA queues and blit kernels) ran, by
+        outcome, since hsa_init."""
         total: dict[str, int] = {}
-        for engine in self._require_state().copies.engines[gpu]:
+        for engine in self._require_state().copies.blits[gpu]:
             for outcome, count in engine.outcomes.items():
                 total[outcome] = total.get(outcome, 0) + count
         return total
@@ -416,13 +422,22 @@ class EmulatedLibrary:
                                             dep_signals: Any, completion_signal: T.hsa_signal_t,
                                             engine_id: int, force_copy_on_sdma: bool) -> int:
         return self._copy(dst, dst_agent, src, src_agent, size, num_dep_signals, dep_signals,
-                          completion_signal, engine_id)
+                          completion_signal, engine_id, bool(force_copy_on_sdma))
 
     @hsa_function
     def hsa_amd_memory_copy_engine_status(self, dst_agent: T.hsa_agent_t, src_agent: T.hsa_agent_t,
                                           engine_ids_mask: Any) -> int:
+        """ROCr: Runtime::CopyMemoryStatus / GpuAgent::DmaCopyStatus (see sdma): the mask is
+        written (0 when none is free) and an empty one is OUT_OF_RESOURCES."""
         state = self._require_state()
-        mask = state.copies.status(self._agent(dst_agent), self._agent(src_agent))
+        dst, src = self._agent(dst_agent), self._agent(src_agent)
+        require(engine_ids_mask, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL engine_ids_mask")
+        try:
+            mask = state.copies.status(dst, src)
+        except StatusError as exc:
+            if exc.status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+                store_out(engine_ids_mask, 0)
+            raise
         store_out(engine_ids_mask, mask)
         return T.HSA_STATUS_SUCCESS
 
@@ -508,7 +523,8 @@ class EmulatedLibrary:
                       signals=SignalTable(), code=CodeObjects(), events=SystemEvents(self.memory_faults),
                       faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
-        return _State(ctx, self.sdma_engines, self.engine_history_records)
+        copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
+        return _State(ctx, copies)
 
     def _record(self, where: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -541,7 +557,7 @@ class EmulatedLibrary:
         return T.HSA_STATUS_SUCCESS
 
     def _copy(self, dst: int | None, dst_agent: Any, src: int | None, src_agent: Any, size: int, num_deps: int,
-              deps: Any, completion: T.hsa_signal_t, engine_bit: int | None) -> int:
+              deps: Any, completion: T.hsa_signal_t, engine_bit: int | None, force_sdma: bool = False) -> int:
         """ROCr's argument checks, then an engine of the copy agent (see sdma)."""
         state = self._require_state()
         require(dst and src, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL dst or src")
@@ -549,8 +565,10 @@ class EmulatedLibrary:
         dst_owner, src_owner = self._agent(dst_agent), self._agent(src_agent)
         dep_signals = [self._signal(deps[i]) for i in range(num_deps)]
         done = self._signal(completion)
+        if size == 0:
+            return T.HSA_STATUS_SUCCESS  # ROCr: nothing to copy, nothing signalled
         state.copies.submit(address_of(dst), dst_owner, address_of(src), src_owner, size, dep_signals, done,
-                            engine_bit)
+                            engine_bit, force_sdma)
         return T.HSA_STATUS_SUCCESS
 
     def _wake_processors(self) -> None:
