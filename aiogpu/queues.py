@@ -288,15 +288,17 @@ class AqlQueue:
         pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
         blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
-        where = f" at packet {blamed[1][1]}" if blamed is not None else ""
         for fut, (first, last) in pending:
             if blamed is not None and fut is blamed[0]:
                 self.hub.fail(fut, err if failed_at is not None else GPUError(
                     f"{fut.label}: queue {self.name} failed at packet {last}: {why}", status=err.status,
                     queue=self.name, packet=last))
+            elif blamed is not None:
+                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} "
+                                            f"({why}) before it completed", status=err.status, queue=self.name,
+                                            packet=last))
             else:
-                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed{where} ({why}) before it "
-                                            f"completed", status=err.status, queue=self.name, packet=last))
+                self.hub.fail(fut, GPUError(f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last))
         for group in parked:
             self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed ({why}) "
                                                  f"before it was submitted", status=err.status, queue=self.name))
@@ -345,7 +347,13 @@ class CopyEngines:
         self.used: set[int] = set()                        # engines this device submitted to
         self.proven: set[int] = set()                      # reported free after use: SDMA queues
         self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
+        self.lost = False                                  # evicted after a memory fault: never again
         self.counts: dict[str, int] = {}
+
+    def lose(self) -> None:
+        """The device faulted and KFD evicted its SDMA queues; ROCr never recreates them (it
+        may still report them free), so every later copy of this device is a shader copy."""
+        self.lost = True
 
     def free_engines(self, dst_agent: Any, src_agent: Any) -> list[int]:
         """Engine-id bits ROCr reports free for this direction ([] for none, an error, or a
@@ -359,11 +367,19 @@ class CopyEngines:
     def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
         """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, or None: run a
         shader copy (see the class docstring)."""
+        if self.lost:
+            return None
         direction = (dst_agent.handle, src_agent.handle)
         free = [e for e in self.free_engines(dst_agent, src_agent) if (*direction, e) not in self.refused]
         if free:
             self.proven.update(e for e in free if e in self.used)
             self.seen.setdefault(direction, set()).update(free)
+            # ROCr's own choice first (host-to-device on engine 0, the rest on engine 1: on gfx90a
+            # engine 0 serves host-to-device only), so the engines each direction can use stay free.
+            preferred = T.HSA_AMD_SDMA_ENGINE_0 << (src_agent.handle == self.agent.handle)
+            if preferred in free:
+                self.used.add(preferred)
+                return preferred
             engines = free
         else:
             engines = sorted(e for e in self.seen.get(direction, ()) if e in self.proven)
