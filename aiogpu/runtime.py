@@ -287,21 +287,34 @@ class Runtime:
         return T.HSA_STATUS_SUCCESS
 
     def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """Fail the pending copies of that agent's engines that touch ``address``: an engine
-        reports a fault, then retires the aborted copy through its signal, so they are failed
-        here and retire as usual (a copy that touched the address but did not fault fails too:
-        its result cannot be told apart). A dispatch that faulted is failed by its queue's error
-        report, which follows the event."""
+        """A GPU memory fault on ``agent`` (waiter thread). ROCr reports it only through this
+        system event, never through a queue callback, and KFD has evicted every queue of the
+        process on that device (its SDMA queues included): nothing pending there will complete.
+        Work that completed before is settled as done; the rest fails (what touched ``address``
+        is named as the cause), and so does work elsewhere that depends on it. The device's
+        compute queues are recreated; its SDMA engines, which ROCr never recreates, are no
+        longer used (its copies run as shader copies)."""
         with self.lock:
             self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
-            for fut in list(self.hub.pending_futures()):
-                dev = fut.device
-                if fut.done() or dev is None or dev.agent.handle != agent or ".sdma" not in (fut.queue or ""):
-                    continue
-                if any(_touches(k, address) for k in fut.keep):
-                    self.hub.fail(fut, GPUError(f"{fut.label}: memory fault at 0x{address:x} (reason "
-                                                f"0x{reason:x})", status=T.HSA_STATUS_ERROR_MEMORY_FAULT,
-                                                queue=fut.queue))
+            dev = next((d for d in self.devices if d.agent.handle == agent), None)
+            if dev is None:
+                return
+            status = T.HSA_STATUS_ERROR_MEMORY_FAULT
+            mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
+            self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
+            for fut in mine:
+                if not fut.done() and any(_touches(k, address) for k in fut.keep):
+                    self.hub.fail(fut, GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason "
+                                                f"0x{reason:x})", status=status, queue=fut.queue, packet=fut.packet))
+            evicted = GPUError(f"{dev.name}: the driver evicted the device's queues after a GPU memory fault at "
+                               f"0x{address:x} (reason 0x{reason:x})", status=status)
+            dev.engines.lose()
+            for fut in mine:
+                if not fut.retired and ".sdma" in (fut.queue or ""):
+                    self.hub.fail(fut, GPUError(f"{fut.label}: {evicted}", status=status, queue=fut.queue))
+                    self.hub.retire_failed(fut)
+            for queue in dev.queues:
+                queue.abort(evicted, -1)
 
     def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
         """A lost or stalled completion on a compute queue: abort that queue, so that what its
