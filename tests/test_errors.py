@@ -153,3 +153,30 @@ async def _outcome(fut):
     except aiogpu.GPUError as exc:
         return exc
     return None
+
+
+@pytest.mark.asyncio
+async def test_memory_fault_fails_everything_pending_on_the_device(make_runtime):
+    """Issue 14.3: ROCr reports a memory fault through the system event only, and KFD evicts every
+    queue of the device (SDMA included): the runtime fails all pending work there from the event
+    (and what depends on it elsewhere), recreates its queues, and keeps the device usable (copies
+    of that device then run as shader copies: ROCr never recreates its evicted SDMA queues)."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    target, other = d0.alloc(4096), d1.alloc(4)
+    rt.api.emulator.faults.memory_fault_at(3, agent=0)   # the last of the three: all are submitted by then
+    slow = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(200,)) for _ in range(3)]
+    up = aiogpu.copy(target, np.ones(4096, np.uint8), after=[slow[0]])
+    across = d1.launch(fail_if, grid=(1,), block=(1,), args=(other, 0), after=[slow[1]])
+    t0 = time.monotonic()
+    outcomes = await asyncio.wait_for(asyncio.gather(*[_outcome(f) for f in slow + [up, across]]), 10)
+    assert time.monotonic() - t0 < 5, "pending work waited for a watchdog"
+    assert all(isinstance(o, aiogpu.GPUError) for o in outcomes), [str(o)[:90] for o in outcomes]
+    assert all(o.status == T.HSA_STATUS_ERROR_MEMORY_FAULT for o in outcomes[:4])
+    assert len(rt.memory_faults) == 1 and not rt.api.emulator.queue_errors
+    await aiogpu.copy(target, np.full(4096, 7, np.uint8))     # the device stays usable
+    await d0.launch(fail_if, grid=(1,), block=(1,), args=(target, 0))
+    got = await target.to_numpy()
+    assert got[0] == 1 and (got[4:] == 7).all()
+    assert not any(r.kind == "copy" and r.agent == 0 and r.start_ns > t0 * 1e9 for r in rt.api.emulator.timeline)
+

@@ -175,7 +175,10 @@ def test_exhausted_sdma_falls_back_to_a_blit_kernel_inside_the_copy_call(make_hs
     assert {r.kind for r in disabled.emu.timeline} == {"blit"}
 
 
-def test_fault_at_copy_time_is_an_event_and_leaves_the_signal(hsa):
+def test_fault_at_copy_time_evicts_the_engines_and_never_completes(hsa):
+    """An SDMA fault is a GPU memory fault: the device's queues, SDMA ones included, are evicted
+    (the aborted copy and everything queued behind it never complete) and the system event
+    handlers are told."""
     events = []
 
     @T.system_event_callback_t
@@ -186,14 +189,20 @@ def test_fault_at_copy_time_is_an_event_and_leaves_the_signal(hsa):
 
     ok(hsa.api.hsa_amd_register_system_event_handler(handler, None))
     a, b = hsa.alloc(hsa.system_pool, 4096), hsa.device_alloc(0, 4096)
-    gate, s = hsa.signal(1), hsa.signal(1)
-    ok(copy(hsa, b, hsa.gpus[0], a, hsa.cpu, 4096, s, deps=[gate]))
+    gate, s, behind = hsa.signal(1), hsa.signal(1), hsa.signal(1)
+    ok(copy(hsa, b, hsa.gpus[0], a, hsa.cpu, 4096, s, deps=[gate], engine=E0))
+    ok(copy(hsa, b + 64, hsa.gpus[0], a, hsa.cpu, 64, behind, engine=E0))
     hsa.free(b)  # freed while the copy waits: use after free at copy time
     hsa.api.hsa_signal_store_screlease(gate, 0)
     deadline = time.monotonic() + 5
     while not events and time.monotonic() < deadline:
         time.sleep(0.002)
     assert events == [(T.HSA_AMD_GPU_MEMORY_FAULT_EVENT, hsa.gpus[0].handle, b)]
-    assert hsa.wait_zero(s)   # the aborted copy retires after its fault was reported
+    time.sleep(0.03)
+    assert hsa.value(s) == 1 and hsa.value(behind) == 1   # evicted: never completes
     assert "use after free" in hsa.emu.memory_faults[0].reason
     assert hsa.emu.engine_history(0)[0][0].outcome == "fault"
+    other = hsa.device_alloc(1, 64)                        # GPU 1's engines are not affected
+    s1 = hsa.signal(1)
+    ok(copy(hsa, other, hsa.gpus[1], a, hsa.cpu, 64, s1))
+    assert hsa.wait_zero(s1)

@@ -99,6 +99,14 @@ class _State:
         self.queues = QueueTable()
         self.copies = copies
 
+    def evict(self, gpu: int) -> None:
+        """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
+        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``)."""
+        for q in self.queues.all():
+            if q.agent.gpu == gpu:
+                q.processor.evict()
+        self.copies.evict(gpu)
+
     def close(self) -> None:
         """Stop and join every thread, then release signals, queue memory and allocations."""
         queues = self.queues.all()
@@ -524,7 +532,9 @@ class EmulatedLibrary:
                       faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
         copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
-        return _State(ctx, copies)
+        state = _State(ctx, copies)
+        ctx.events.evict = state.evict
+        return state
 
     def _record(self, where: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))

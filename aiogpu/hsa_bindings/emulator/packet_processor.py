@@ -22,6 +22,9 @@
 - A queue error calls the queue's callback (status, hsa_queue_t*, data) from this thread once
   every earlier packet has completed, then suspends the queue for good: nothing later is
   processed or completed (later dispatches already launched are killed with the queue).
+- A GPU memory fault is not a queue error: as with KFD and ROCr, every queue of the device is
+  evicted (``evict``: nothing on it is processed or completes any more, no callback) and the
+  system event handlers are told (``events.memory_fault``), from the thread that faulted.
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ class PacketProcessor:
         self.gpu: int = queue.agent.gpu
         self.waiter = Waiter()
         self.suspended = False
+        self.evicted = False
         self._lock = threading.Lock()
         self._failure: Failure | None = None
         self._stopping = False
@@ -106,10 +110,24 @@ class PacketProcessor:
     def wake(self) -> None:
         self.waiter.wake()
 
+    def evict(self) -> None:
+        """KFD evicted the queue (a memory fault on its device): it stops for good; nothing
+        running or queued on it completes, and no queue error is reported."""
+        with self._lock:
+            self.evicted = True
+        self.waiter.wake()
+
     def fail(self, packet: int, status: int, detail: str = "", fault: MemoryFault | None = None, *,
              replace: bool = False) -> None:
         """Packet ``packet`` failed: the queue errors out (the lowest failing packet wins;
-        ``replace``: this cause supersedes an earlier one for the same packet)."""
+        ``replace``: this cause supersedes an earlier one for the same packet). A memory fault
+        (``fault``) instead evicts the device's queues and goes to the system event handlers
+        (ROCr: Runtime::VMFaultHandler; the queue's callback is not called)."""
+        if fault is not None:
+            if not self.evicted:
+                source = f"queue {self.queue.id} packet {packet}"
+                self.ctx.events.memory_fault(self.queue.agent.handle, self.gpu, fault, source)
+            return
         with self._lock:
             current = self._failure
             if not self.suspended and (current is None or packet < current.packet
@@ -122,6 +140,9 @@ class PacketProcessor:
         self.queue.doorbell.add_waiter(self.waiter)
         try:
             while not self._stopping:
+                if self.evicted:
+                    wait_for(self.waiter, (), lambda: self._stopping)
+                    return
                 if self._failure is not None:
                     self._suspend()
                     return
@@ -137,7 +158,7 @@ class PacketProcessor:
             self.queue.doorbell.remove_waiter(self.waiter)
 
     def _interrupted(self) -> bool:
-        return self._stopping or self._failure is not None
+        return self._stopping or self.evicted or self._failure is not None
 
     def _take_next(self) -> bytes | None:
         """The next packet's 64 bytes once it may be consumed; None if interrupted or mode changed."""
@@ -342,7 +363,7 @@ class PacketProcessor:
             time.sleep(delay)
         end = now_ns()
         failure = self._failure
-        if failure is not None and packet_id > failure.packet:
+        if self.evicted or (failure is not None and packet_id > failure.packet):
             return  # killed with its queue
         signal = self.ctx.signals.lookup(handle) if handle else None
         if handle and signal is None:
@@ -368,8 +389,9 @@ class PacketProcessor:
     # ---- errors ----------------------------------------------------------------------------
     def _suspend(self) -> None:
         """Report the failure once earlier packets have completed, then stay suspended until stopped."""
-        wait_for(self.waiter, (), lambda: self._stopping or self._completed >= self._failure.packet)
-        if self._stopping:
+        wait_for(self.waiter, (), lambda: self._stopping or self.evicted or self._completed >= self._failure.packet)
+        if self._stopping or self.evicted:
+            wait_for(self.waiter, (), lambda: self._stopping)
             return
         self._torn(self._failure.packet)  # a garbled packet fails as torn, not for its garbage
         with self._lock:
@@ -377,9 +399,6 @@ class PacketProcessor:
             failure = self._failure
         self.ctx.queue_errors.append(QueueErrorRecord(self.gpu, self.queue.id, failure.packet,
                                                       failure.status, failure.detail))
-        if failure.fault is not None:
-            source = f"queue {self.queue.id} packet {failure.packet}"
-            self.ctx.events.memory_fault(self.queue.agent.handle, self.gpu, failure.fault, source)
         if self.queue.callback is not None:
             self.queue.callback(failure.status, self.queue.pointer, self.queue.data)
         wait_for(self.waiter, (), lambda: self._stopping)

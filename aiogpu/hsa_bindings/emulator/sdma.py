@@ -202,13 +202,10 @@ class Blit:
         self.outcomes[record.outcome] += 1
 
     def _fault(self, job: CopyJob, fault: MemoryFault) -> None:
+        """A GPU memory fault: the device's queues (this one included) are evicted and the
+        system event is delivered; the aborted copy never completes."""
         self._record(CopyRecord(job.seq, job.dst, job.src, job.size, job.name, "fault"))
         self.ctx.events.memory_fault(self.agent.handle, self.agent.gpu, fault, f"sdma {self.offset}")
-        if job.completion is not None:   # after the event: the aborted copy retires
-            try:
-                job.completion.add(-1)
-            except StatusError:
-                pass
 
 
 class CopyEngines:
