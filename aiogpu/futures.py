@@ -200,6 +200,7 @@ class FutureHub:
         self._stop = False
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
+        self.progress: dict[str | None, float] = {}   # lane (queue / engine name) -> last completion seen
         self.owner: Any = None
         # Called under the lock for a future the watchdog gave up on; returns True if the
         # backend failed and retired it itself (e.g. by aborting its queue).
@@ -319,10 +320,12 @@ class FutureHub:
     def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
         """Resolve or retire futures whose completion objects read complete (waiter thread)."""
         posts: dict[Any, list] = {}
+        now = time.monotonic()
         with self.lock:
             for key, fut in completed:
                 if self._pending.get(key) is not fut:
                     continue
+                self.progress[fut.queue] = now
                 if fut._state == PENDING:
                     self._finish(fut, None, posts)
                 else:
@@ -334,9 +337,12 @@ class FutureHub:
     def _check_watchdog(self, posts: dict) -> None:
         from .errors import WatchdogTimeout
 
+        # Silent: runnable (its dependencies completed), and neither it nor anything on its lane
+        # (queue or engine) completed for watchdog_s; work queued behind a busy lane is not silent.
         deadline = time.monotonic() - self.watchdog_s
-        stale = [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline
-                 and all(self.is_complete(k) for k in f._dep_signals)]   # runnable, yet silent
+        stale = [f for f in self._pending.values() if f._state == PENDING
+                 and max(f.submitted_at, self.progress.get(f.queue, 0.0)) < deadline
+                 and all(self.is_complete(k) for k in f._dep_signals)]
         for fut in stale:
             if fut._state != PENDING:      # failed meanwhile by an abort of its queue
                 continue

@@ -26,6 +26,11 @@ from .futures import GPUFuture
 from .signals import CompletionHub
 
 KERNARG_RING_BYTES = 256 << 10
+# On by default: a completion that never comes (a lost interrupt, a memory fault ROCr does not
+# report, work on a queue KFD keeps evicted) otherwise hangs its awaiters forever. It fails work
+# whose lane (queue or engine) completed nothing for this long although it could run; pass
+# watchdog_s=None for kernels that run longer than this on their own.
+DEFAULT_WATCHDOG_S = 60.0
 
 
 BACKENDS = ("hsa", "emulator", "cuda")
@@ -64,7 +69,7 @@ class Runtime:
         return super().__new__(cls)
 
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
-                 watchdog_s: float | None = None, **emulator_options: Any):
+                 watchdog_s: float | None = DEFAULT_WATCHDOG_S, **emulator_options: Any):
         self.api = loader.load(resolve_backend(backend), **emulator_options)
         self.backend = self.api.backend
         self.reason = self.api.reason

@@ -180,3 +180,40 @@ async def test_memory_fault_fails_everything_pending_on_the_device(make_runtime)
     assert got[0] == 1 and (got[4:] == 7).all()
     assert not any(r.kind == "copy" and r.agent == 0 and r.start_ns > t0 * 1e9 for r in rt.api.emulator.timeline)
 
+
+@aiogpu.kernel("i64*, u32")
+def hold_then_increment(launch, buf, ms):
+    time.sleep(ms / 1000)
+    buf[0] += 1
+
+
+def test_watchdog_is_on_by_default(make_runtime):
+    """Issue 14.3: without a watchdog a lost completion (or a fault ROCr does not report) hangs
+    forever; the HSA runtime has one unless asked not to."""
+    from aiogpu.runtime import DEFAULT_WATCHDOG_S
+    assert make_runtime().hub.watchdog_s == DEFAULT_WATCHDOG_S > 0
+    assert make_runtime(watchdog_s=None).hub.watchdog_s is None
+
+
+@pytest.mark.asyncio
+async def test_watchdog_fails_a_lost_completion_and_the_device_recovers(make_runtime):
+    rt = make_runtime(gpus=1, watchdog_s=0.5)
+    d0 = rt.devices[0]
+    rt.api.emulator.faults.lose_completion_at(1, agent=0)
+    lost = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    with pytest.raises(aiogpu.GPUError, match="no completion within"):
+        await asyncio.wait_for(lost, 10)
+    await d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+
+
+@pytest.mark.asyncio
+async def test_watchdog_counts_from_the_lanes_last_progress_not_from_submission(make_runtime):
+    """Work queued behind a busy queue is not "silent": the watchdog measures the time since its
+    lane last completed something, so a long chain of short kernels never trips it."""
+    rt = make_runtime(gpus=1, queues_per_device=1, watchdog_s=0.5)
+    d0 = rt.devices[0]
+    buf = d0.alloc(8)
+    await aiogpu.copy(buf, np.zeros(1, np.int64))
+    chain = [d0.launch(hold_then_increment, grid=(1,), block=(1,), args=(buf, 200)) for _ in range(6)]
+    await aiogpu.gather(*chain)
+    assert (await buf.to_numpy(np.int64))[0] == 6
