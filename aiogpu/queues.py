@@ -392,9 +392,11 @@ class CopyEngines:
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
                deps: list[int], completion: int) -> str | None:
-        """Start the copy on ``engine``; its name, or None if ROCr reports OUT_OF_RESOURCES.
-        Raises HsaError for any other failure (INVALID_ARGUMENT: an engine that cannot serve
-        this direction, which ``pick`` never returns)."""
+        """Start the copy on ``engine``; its name, or None (run a shader copy instead) if the
+        engines were lost to a memory fault (a graph chose ``engine`` before) or ROCr reports
+        OUT_OF_RESOURCES. Raises HsaError for any other failure."""
+        if self.lost:
+            return None
         arr = (T.hsa_signal_t * len(deps))(*[T.hsa_signal_t(h) for h in deps]) if deps else None
         status = self.api.hsa_amd_memory_async_copy_on_engine(
             dst, dst_agent, src, src_agent, nbytes, len(deps), arr, T.hsa_signal_t(completion), engine, True)
