@@ -200,7 +200,9 @@ class FutureHub:
         self._stop = False
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
-        self.progress: dict[str | None, float] = {}   # lane (queue / engine name) -> last completion seen
+        # Per lane (queue / engine name): recent completions as (completed_at, submitted_at),
+        # kept as a sliding-window minimum of submitted_at over the last watchdog_s.
+        self.progress: dict[str | None, deque] = {}
         self.owner: Any = None
         # Called under the lock for a future the watchdog gave up on; returns True if the
         # backend failed and retired it itself (e.g. by aborting its queue).
@@ -325,7 +327,8 @@ class FutureHub:
             for key, fut in completed:
                 if self._pending.get(key) is not fut:
                     continue
-                self.progress[fut.queue] = now
+                if self.watchdog_s is not None:
+                    self._note_progress(fut, now)
                 if fut._state == PENDING:
                     self._finish(fut, None, posts)
                 else:
@@ -337,11 +340,14 @@ class FutureHub:
     def _check_watchdog(self, posts: dict) -> None:
         from .errors import WatchdogTimeout
 
-        # Silent: runnable (its dependencies completed), and neither it nor anything on its lane
-        # (queue or engine) completed for watchdog_s; work queued behind a busy lane is not silent.
+        # Silent: submitted more than watchdog_s ago, runnable (its dependencies completed), and
+        # nothing submitted *before* it on its lane (queue or engine) completed within watchdog_s:
+        # work queued behind a busy lane is not silent, while a lost completion is found even if
+        # younger work on its lane keeps completing.
         deadline = time.monotonic() - self.watchdog_s
-        stale = [f for f in self._pending.values() if f._state == PENDING
-                 and max(f.submitted_at, self.progress.get(f.queue, 0.0)) < deadline
+        oldest_done = self._recent_oldest(deadline)
+        stale = [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline
+                 and not oldest_done.get(f.queue, f.submitted_at) < f.submitted_at
                  and all(self.is_complete(k) for k in f._dep_signals)]
         for fut in stale:
             if fut._state != PENDING:      # failed meanwhile by an abort of its queue
@@ -356,6 +362,25 @@ class FutureHub:
             # has really finished.
             self._finish(fut, exc, posts)
             self.leaked.append(fut)
+
+    def _note_progress(self, fut: GPUFuture, now: float) -> None:
+        """Record a completion on ``fut``'s lane (sliding-window minimum of submission times)."""
+        window = self.progress.get(fut.queue)
+        if window is None:
+            window = self.progress[fut.queue] = deque()
+        while window and window[-1][1] >= fut.submitted_at:
+            window.pop()
+        window.append((now, fut.submitted_at))
+
+    def _recent_oldest(self, deadline: float) -> dict:
+        """Per lane, the earliest submission time among its completions after ``deadline``."""
+        out = {}
+        for lane, window in self.progress.items():
+            while window and window[0][0] < deadline:
+                window.popleft()
+            if window:
+                out[lane] = window[0][1]
+        return out
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
