@@ -47,7 +47,7 @@ from .memory import MemoryFault, MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
 from .sdma import HISTORY_RECORDS, MAX_XGMI_ENGINES, CopyEngines, CopyRecord
-from .signals import Signal, SignalTable, timeout_seconds
+from .signals import EVENT_LIMIT, Signal, SignalTable, timeout_seconds
 from .timeline import DEFAULT_CAPACITY, Timeline, TimelineRecord
 
 __all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
@@ -133,12 +133,14 @@ class EmulatedLibrary:
 
     Emulator-only (no ROCr equivalent; for tests): ``emulator_min_queue_size`` lowers
     HSA_AGENT_INFO_QUEUE_MIN_SIZE below ROCr's 64 packets (a power of two), so tests can exercise
-    tiny rings. Records kept for tests are bounded: ``timeline_records`` (the newest timeline
+    tiny rings; ``emulator_event_limit`` lowers KFD's limit of 4,096 signal events per process
+    (``signal_stats()`` reports events in use and how often ROCr would have spun in a wait).
+    Records kept for tests are bounded: ``timeline_records`` (the newest timeline
     records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
     def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, xgmi_engines: int = 0, compute_units: int = 4,
-                 eager: bool = False,
+                 eager: bool = False, emulator_event_limit: int = EVENT_LIMIT,
                  emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
                  engine_history_records: int = HISTORY_RECORDS) -> None:
         if gpus < 0 or not 0 <= sdma_engines <= 2 or not 0 <= xgmi_engines <= MAX_XGMI_ENGINES or compute_units < 1:
@@ -149,6 +151,9 @@ class EmulatedLibrary:
         self.gpus, self.sdma_engines, self.compute_units = gpus, sdma_engines, compute_units
         self.xgmi_engines = xgmi_engines
         self.min_queue_size = size
+        if emulator_event_limit < 8:
+            raise ValueError("emulator_event_limit must leave room for ROCr's own events (>= 8)")
+        self.event_limit = emulator_event_limit
         self.name = f"aiogpu-emu{next(_serials)}"
         self.api_errors: list[ApiError] = []
         self.queue_errors: list[QueueErrorRecord] = []
@@ -187,6 +192,15 @@ class EmulatedLibrary:
             for outcome, count in engine.outcomes.items():
                 total[outcome] = total.get(outcome, 0) + count
         return total
+
+    def signal_stats(self) -> dict[str, int]:
+        """KFD signal events (``events_in_use``, ``events_peak``, ``event_limit``) and what ROCr's
+        waits would have done: ``wait_calls`` (each spins up to 200 us), ``busy_waits`` (waits
+        that would spin throughout: ACTIVE hint or a signal without an event) and
+        ``max_wait_signals`` (the most signals in one wait)."""
+        table = self._ctx().signals
+        return {**table.stats, "events_in_use": table.events.in_use, "events_peak": table.events.peak,
+                "event_limit": table.events.limit}
 
     @property
     def initialized(self) -> bool:
@@ -288,13 +302,17 @@ class EmulatedLibrary:
     # ---- signals -----------------------------------------------------------------------------
     @hsa_function
     def hsa_signal_create(self, initial_value: int, num_consumers: int, consumers: Any, signal: Any) -> int:
-        return self._create_signal(initial_value, num_consumers, consumers, signal)
+        """ROCr: hsa_amd_signal_create with no attributes (an interrupt signal, see signals)."""
+        return self._create_signal(initial_value, num_consumers, consumers, 0, signal)
 
     @hsa_function
     def hsa_amd_signal_create(self, initial_value: int, num_consumers: int, consumers: Any, attributes: int,
                               signal: Any) -> int:
-        """Attributes (AMD_GPU_ONLY, IPC, ...) are accepted; every emulated signal is host-visible."""
-        return self._create_signal(initial_value, num_consumers, consumers, signal)
+        """ROCr (hsa_ext_amd.cpp): AMD_GPU_ONLY or IPC, or consumers that do not include the CPU,
+        make a busy-wait signal without an interrupt event; otherwise an interrupt signal (with a
+        KFD event while any is left). Duplicate consumers are INVALID_ARGUMENT. Every emulated
+        signal's value is host-visible memory."""
+        return self._create_signal(initial_value, num_consumers, consumers, attributes, signal)
 
     @hsa_function
     def hsa_signal_destroy(self, signal: T.hsa_signal_t) -> int:
@@ -338,20 +356,26 @@ class EmulatedLibrary:
                                   timeout_hint: int, wait_state_hint: int) -> int:
         """Blocks until the condition holds or the timeout passes; returns the observed value."""
         s = self._signal(signal)
-        found = self._ctx().signals.wait_any([s], [condition], [compare_value], timeout_seconds(timeout_hint))
-        return found[1] if found is not None else s.load()
+        table = self._ctx().signals
+        table.account_wait([s], wait_state_hint == T.HSA_WAIT_STATE_ACTIVE)
+        found = table.wait_any([s], [condition], [compare_value], timeout_seconds(timeout_hint))
+        return found[1] if found is not None and found[0] == 0 else s.load()
 
     @hsa_function
     def hsa_amd_signal_wait_any(self, signal_count: int, signals: Any, conds: Any, values: Any,
                                 timeout_hint: int, wait_hint: int, satisfying_value: Any) -> int:
-        """Index of the first satisfied (or destroyed) signal, UINT32_MAX on timeout."""
+        """Index of the first satisfied signal; UINT32_MAX on timeout, for a destroyed signal or
+        an unknown condition (ROCr: Signal::WaitAny; its spinning is counted, see signals)."""
         require(signal_count > 0 and signals and conds and values, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
                 "empty or NULL signal/condition/value arrays")
         table = self._ctx().signals
-        found = table.wait_any([table.get(signals[i].handle) for i in range(signal_count)],
-                               [conds[i] for i in range(signal_count)], [values[i] for i in range(signal_count)],
-                               timeout_seconds(timeout_hint))
-        if found is None:
+        found_signals = [table.lookup(signals[i].handle) for i in range(signal_count)]
+        table.account_wait(found_signals, wait_hint == T.HSA_WAIT_STATE_ACTIVE)
+        if any(s is None for s in found_signals):
+            return UINT32_MAX  # destroyed before the call
+        found = table.wait_any(found_signals, [conds[i] for i in range(signal_count)],
+                               [values[i] for i in range(signal_count)], timeout_seconds(timeout_hint))
+        if found is None or found[0] == UINT32_MAX:
             return UINT32_MAX
         if satisfying_value:
             satisfying_value[0] = found[1]
@@ -367,6 +391,7 @@ class EmulatedLibrary:
         state.queues.validate(owner, size, queue_type, self.min_queue_size)
         doorbell = state.ctx.signals.create(-1)
         q = Queue(owner, state.queues.new_id(), size, queue_type, callback, data, doorbell)
+        q.event = state.ctx.signals.events.take()  # ROCr: AqlQueue's queue_event (inactive/exception)
         q.processor = PacketProcessor(state.ctx, q)
         state.queues.add(q)
         q.processor.start()
@@ -380,6 +405,7 @@ class EmulatedLibrary:
         state.queues.remove(q)
         q.processor.stop()
         state.ctx.signals.destroy(q.doorbell.address)
+        state.ctx.signals.events.give(q.event)
         q.release()
         return T.HSA_STATUS_SUCCESS
 
@@ -528,7 +554,7 @@ class EmulatedLibrary:
         agents = AgentTable(self.gpus, self.compute_units)
         compute = [ComputeUnits(f"{self.name}-gpu{a.gpu}", self.compute_units, self._record) for a in agents.gpus]
         ctx = Context(agents=agents, memory=MemoryManager(agents.cpu.handle, [a.handle for a in agents.gpus]),
-                      signals=SignalTable(), code=CodeObjects(), events=SystemEvents(self.memory_faults),
+                      signals=SignalTable(self.event_limit), code=CodeObjects(), events=SystemEvents(self.memory_faults),
                       faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
         copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
@@ -558,12 +584,17 @@ class EmulatedLibrary:
     def _queue(self, queue: Any) -> Queue:
         return self._require_state().queues.get(queue)
 
-    def _create_signal(self, initial_value: int, num_consumers: int, consumers: Any, signal: Any) -> int:
+    def _create_signal(self, initial_value: int, num_consumers: int, consumers: Any, attributes: int,
+                       signal: Any) -> int:
         require(signal, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL signal")
-        require(num_consumers == 0 or consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL consumers")
-        for i in range(num_consumers):
-            self._agent(consumers[i])
-        store_handle(signal, self._ctx().signals.create(initial_value).address)
+        interrupt = not attributes & (T.HSA_AMD_SIGNAL_AMD_GPU_ONLY | T.HSA_AMD_SIGNAL_IPC)
+        if interrupt and num_consumers:
+            require(consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL consumers")
+            agents = [self._agent(consumers[i]) for i in range(num_consumers)]
+            require(len({a.handle for a in agents}) == num_consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                    "duplicate consumers")
+            interrupt = any(not a.is_gpu for a in agents)  # only the CPU waits on interrupts
+        store_handle(signal, self._ctx().signals.create(initial_value, interrupt).address)
         return T.HSA_STATUS_SUCCESS
 
     def _copy(self, dst: int | None, dst_agent: Any, src: int | None, src_agent: Any, size: int, num_deps: int,

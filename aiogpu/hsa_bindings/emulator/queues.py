@@ -75,6 +75,7 @@ class Queue:
         self.doorbell = doorbell
         self.lock = threading.Lock()
         self.alive = True
+        self.event = 0  # the KFD event ROCr gives each AQL queue
         self.processor: Any = None
         self._mm = mmap.mmap(-1, PAGE + size * packets.PACKET_SIZE)
         holder = ctypes.c_char.from_buffer(self._mm)

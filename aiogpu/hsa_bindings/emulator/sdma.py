@@ -338,6 +338,8 @@ class CopyEngines:
                 self.ctx.faults.record(FaultRecord("sdma_exhausted", agent.gpu, None, None,
                                                    f"no SDMA queue for blit {offset}: it falls back to a kernel"))
             blit.create(sdma=wanted and not exhausted)
+            if blit.is_sdma:  # ROCr: BlitSdma::Initialize makes two interrupt signals
+                blit.events = [self.ctx.signals.events.take() for _ in range(2)]
         return blit
 
     def _check_reachable(self, agent: Agent, address: int, size: int, write: bool) -> None:
