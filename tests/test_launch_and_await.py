@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from gpu_kernels import scale, sleep_ms
+from gpu_kernels import Gate, scale, sleep_ms
 
 
 @pytest.mark.asyncio
@@ -90,3 +90,43 @@ async def test_completions_reach_a_loop_in_batches(rt):
 
 async def _await(f):
     await f
+
+
+@pytest.mark.asyncio
+async def test_waiter_never_makes_rocr_spin_when_kfd_events_run_out(make_runtime):
+    """Issue 14.5: KFD gives a process a limited number of signal events and ROCr then makes
+    signals without one; a wait that includes such a signal spins throughout. The waiter waits
+    only on signals with events and polls the rest."""
+    rt = make_runtime(gpus=1, emulator_event_limit=64)
+    d0 = rt.devices[0]
+    gate = Gate()
+    held = gate.launch(d0)
+    futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(150)]
+    await asyncio.sleep(0.05)
+    gate.open()
+    for f in futs:
+        await f
+    stats = rt.api.emulator.signal_stats()
+    assert stats["busy_waits"] == 0, stats
+    assert stats["max_wait_signals"] <= 64 and stats["events_peak"] <= 64
+
+
+@pytest.mark.asyncio
+async def test_a_thousand_graph_replays_stay_within_the_interrupt_signal_bound(make_runtime):
+    """Issue 14.5: 1,000 replays in flight used to hold ~4,900 interrupt signals (KFD allows
+    ~4,096 events); now the waiter waits on at most MAX_INTERRUPT_SIGNALS + 1."""
+    from aiogpu.signals import MAX_INTERRUPT_SIGNALS
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    x, y = d0.alloc(4096), d1.alloc(4096)
+    with aiogpu.Graph() as g:
+        a = d0.launch(scale, grid=(1024,), block=(256,), args=(x, 1.0, 1024))
+        aiogpu.copy(y, x, after=[a])
+    exe = g.instantiate()
+    replays = [exe.launch() for _ in range(1000)]
+    await replays[-1]
+    await aiogpu.gather(*replays)
+    stats = rt.api.emulator.signal_stats()
+    assert stats["busy_waits"] == 0 and stats["max_wait_signals"] <= MAX_INTERRUPT_SIGNALS + 1, stats
+    assert len(rt.hub.pool.interrupt) <= MAX_INTERRUPT_SIGNALS
+    assert stats["events_peak"] < stats["event_limit"]
