@@ -20,7 +20,8 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``.
+  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
+  ``locked_ranges()``, ``signal_stats()``.
 """
 from __future__ import annotations
 
@@ -175,6 +176,10 @@ class EmulatedLibrary:
         if agent is not None and not isinstance(agent, int):
             agent = ctx.agents.get(agent.handle).gpu
         return ctx.memory.resolve(agent, address, nbytes, write)
+
+    def locked_ranges(self) -> list[tuple[int, int, int, int]]:
+        """(host address, size, agent address, lock count) of every hsa_amd_memory_lock registration."""
+        return self._ctx().memory.locked()
 
     def gpu_agent(self, index: int) -> T.hsa_agent_t:
         return T.hsa_agent_t(self._ctx().agents.gpus[index].handle)

@@ -370,13 +370,15 @@ class PacketProcessor:
             fault = MemoryFault(handle + 8, f"completion signal 0x{handle:x} is not a live signal")
             self.fail(packet_id, T.HSA_STATUS_ERROR_MEMORY_FAULT, fault.reason, fault)
             return
-        if signal is not None:  # the signal first: whoever sees the packet complete sees its signal
+        # The record, then the signal, then "complete": whoever sees the signal complete finds
+        # the record, and whoever sees the packet complete sees its signal.
+        self.ctx.timeline.add(TimelineRecord(self.gpu, self.queue.id, None, kind, name, nbytes, start, end,
+                                             packet_id))
+        if signal is not None:
             signal.set_timestamps(start, end)
             if not lost:
                 _decrement(signal)
         self._mark_complete(packet_id)
-        self.ctx.timeline.add(TimelineRecord(self.gpu, self.queue.id, None, kind, name, nbytes, start, end,
-                                                packet_id))
 
     def _mark_complete(self, packet_id: int) -> None:
         with self._lock:

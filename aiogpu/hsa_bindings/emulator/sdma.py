@@ -187,15 +187,15 @@ class Blit:
             return  # the device faulted meanwhile: the copy never completes
         end = now_ns()
         self._record(CopyRecord(job.seq, job.dst, job.src, job.size, job.name, "done"))
-        if job.completion is not None:
+        kind, engine = ("copy", self.offset - 1) if self.is_sdma else ("blit", None)
+        self.ctx.timeline.add(TimelineRecord(self.agent.gpu, None, engine, kind, job.name, job.size,
+                                             start, end, job.seq))
+        if job.completion is not None:  # last: whoever sees the signal complete finds the records
             job.completion.set_timestamps(start, end)
             try:
                 job.completion.add(-1)
             except StatusError:
                 pass  # destroyed by the runtime while the copy ran
-        kind, engine = ("copy", self.offset - 1) if self.is_sdma else ("blit", None)
-        self.ctx.timeline.add(TimelineRecord(self.agent.gpu, None, engine, kind, job.name, job.size,
-                                             start, end, job.seq))
 
     def _record(self, record: CopyRecord) -> None:
         self.history.append(record)
