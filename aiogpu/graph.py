@@ -178,7 +178,7 @@ class GraphExec:
                     arr = node.op[side]
                     if isinstance(arr, np.ndarray):
                         addr = arr.__array_interface__["data"][0]
-                        node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes)
+                        node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes, arr)
                         pins.append((addr, arr.nbytes))
         self._host_pins = pins
         weakref.finalize(self, _unlock_all, rt, pins)

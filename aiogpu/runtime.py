@@ -212,8 +212,8 @@ class Runtime:
         err = ordering.failed_dependency(deps)
         if err is not None:
             return ordering.failed_without_running(self.hub, label, err, [dst_state])
-        host_ranges = [(a, n) for a, n in ((_host_key(dst)), (_host_key(src))) if a]
-        pins = [(a, n, self.host.lock(a, n)) for a, n in host_ranges]
+        host_ranges = [(a, n, side) for side in (dst, src) for a, n in [_host_key(side)] if a]
+        pins = [(a, n, self.host.lock(a, n, side)) for a, n, side in host_ranges]
         if dst_ptr is None:
             dst_ptr = pins[0][2]
         if src_ptr is None:
@@ -307,8 +307,10 @@ class Runtime:
             status = T.HSA_STATUS_ERROR_MEMORY_FAULT
             mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
             self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
+            host_address = self.host.to_host(address)   # a locked array's agent address
             for fut in mine:
-                if not fut.done() and any(_touches(k, address) for k in fut.keep):
+                if not fut.done() and any(_touches(k, address) or host_address is not None
+                                          and _touches(k, host_address) for k in fut.keep):
                     self.hub.fail(fut, GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason "
                                                 f"0x{reason:x})", status=status, queue=fut.queue, packet=fut.packet))
             evicted = GPUError(f"{dev.name}: the driver evicted the device's queues after a GPU memory fault at "

@@ -136,3 +136,25 @@ async def test_large_and_small_allocations(rt):
     data = np.arange(5 << 18, dtype=np.float32)
     await aiogpu.copy(big, data)
     np.testing.assert_array_equal(await big.to_numpy(np.float32), data)
+
+
+@pytest.mark.asyncio
+async def test_overlapping_host_arrays_in_flight_lock_and_unlock_cleanly(rt):
+    """Issue 13.10: uploads from h[:16] and h in flight together. ROCr's unlock takes only the
+    start address and unlocks nothing when two registrations start there, so the runtime must
+    never make two: views share their root buffer's registration (at its agent address)."""
+    d0 = rt.devices[0]
+    h = np.arange(1 << 16, dtype=np.uint8)
+    small, big, mid = d0.alloc(16), d0.alloc(h.nbytes), d0.alloc(100)
+    gate = Gate()
+    held = gate.launch(d0)
+    ups = [aiogpu.copy(small, h[:16], after=[held]), aiogpu.copy(big, h, after=[held]),
+           aiogpu.copy(mid, h[100:200], after=[held])]
+    assert rt.host.count == 1, "overlapping views made separate registrations"
+    gate.open()
+    await aiogpu.gather(*ups)
+    np.testing.assert_array_equal(await small.to_numpy(), h[:16])
+    np.testing.assert_array_equal(await big.to_numpy(), h)
+    np.testing.assert_array_equal(await mid.to_numpy(), h[100:200])
+    assert rt.api.emulator.memory_faults == []
+    assert rt.stats()["host_locks"] == 0 and rt.api.emulator.locked_ranges() == []
