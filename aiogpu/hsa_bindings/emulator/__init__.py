@@ -21,7 +21,8 @@ Beyond the HSA functions, for tests and tools:
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
   ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
-  ``locked_ranges()``, ``signal_stats()``.
+  ``locked_ranges()``, ``signal_stats()``, ``kernarg_mismatches`` (dispatches whose hidden
+  geometry arguments, which the body sees, disagree with the packet).
 """
 from __future__ import annotations
 
@@ -159,6 +160,7 @@ class EmulatedLibrary:
         self.api_errors: list[ApiError] = []
         self.queue_errors: list[QueueErrorRecord] = []
         self.memory_faults: list[MemoryFaultRecord] = []
+        self.kernarg_mismatches: list[str] = []  # dispatches whose hidden geometry disagreed with the packet
         self.faults = FaultInjector(eager=eager)
         self.timeline = Timeline(timeline_records)
         self.engine_history_records = max(1, engine_history_records)
@@ -561,7 +563,8 @@ class EmulatedLibrary:
         ctx = Context(agents=agents, memory=MemoryManager(agents.cpu.handle, [a.handle for a in agents.gpus]),
                       signals=SignalTable(self.event_limit), code=CodeObjects(), events=SystemEvents(self.memory_faults),
                       faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
-                      min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
+                      min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors,
+                      kernarg_mismatches=self.kernarg_mismatches)
         copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
         state = _State(ctx, copies)
         ctx.events.evict = state.evict
