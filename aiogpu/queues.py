@@ -41,15 +41,17 @@ class PacketGroup:
     kernarg ring at publication.
     """
 
-    __slots__ = ("blob", "headers", "future", "marks", "kernargs")
+    __slots__ = ("blob", "headers", "future", "marks", "kernargs", "kernarg_align")
 
     def __init__(self, packets: list, headers: list[int], future: GPUFuture, kernarg: bytes = b"", *,
-                 blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None):
+                 blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None,
+                 kernarg_align: int = 16):
         self.blob = blob if blob is not None else bytearray(b"".join(bytes(p) for p in packets))
         self.headers = headers
         self.future = future
         self.marks = marks or []
         self.kernargs = kernargs if kernargs is not None else ({len(headers) - 1: kernarg} if kernarg else {})
+        self.kernarg_align = kernarg_align   # the largest kernarg_segment_align of its kernels
 
     def __len__(self) -> int:
         return len(self.headers)
@@ -88,11 +90,14 @@ class KernargRing:
         self._tail = 0    # oldest offset still in use
         self._live: deque[list] = deque()  # [start, end, freed]
 
-    def alloc(self, nbytes: int) -> tuple[int, list] | None:
+    def alloc(self, nbytes: int, align: int = ALIGN) -> tuple[int, list] | None:
+        """(address, entry) of ``nbytes`` aligned to ``align`` (at least ALIGN; the kernel's
+        kernarg_segment_align), or None while the ring is full."""
+        align = max(align, self.ALIGN)
         n = (nbytes + self.ALIGN - 1) // self.ALIGN * self.ALIGN
         if n > self.size:
             raise ValueError(f"kernel arguments of {nbytes} bytes exceed the kernarg ring ({self.size})")
-        start = self._head
+        start = (self._head + align - 1) // align * align
         if start % self.size + n > self.size:   # do not wrap inside an allocation
             start += self.size - start % self.size
         if start + n - self._tail > self.size:
@@ -213,7 +218,7 @@ class AqlQueue:
         """Copy kernel arguments into the ring (all or none); freed when the group retires."""
         placed = []
         for index, data in group.kernargs.items():
-            got = self.kernarg.alloc(len(data))
+            got = self.kernarg.alloc(len(data), group.kernarg_align)
             if got is None:
                 for entry in placed:
                     self.kernarg.free(entry)
