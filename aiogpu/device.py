@@ -10,6 +10,7 @@ import numpy as np
 from . import ordering
 from .futures import GPUFuture
 from .hsa_bindings import packets as P
+from .hsa_bindings.codeobject import fill_hidden
 from .hsa_bindings.signature import pack
 from .kernels import Kernel, LoadedKernel, load_kernel
 from .memory import Buffer, DeviceMemory, allocate
@@ -207,11 +208,12 @@ class Device:
         pkt.group_segment_size = loaded.group_segment_size
         pkt.kernel_object = loaded.kernel_object
         pkt.completion_signal.handle = fut.signal
-        kernarg = pack_args(loaded, values, lengths)
+        kernarg = pack_args(loaded, values, lengths, grid, block)
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
         packets.append((pkt, header | dims << 16))
         self._track(fut, queue, states_r, states_w, keep, deps)
-        queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg))
+        queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg,
+                                 kernarg_align=loaded.kernarg_align))
         return fut
 
     def _pick_queue(self, deps: dict[GPUFuture, bool]) -> AqlQueue:
@@ -263,7 +265,9 @@ class Device:
         fut._cleanup.append(cleanup)
 
 
-def pack_args(loaded: LoadedKernel, values: list, lengths: list) -> bytes:
-    """Kernarg bytes, padded to the segment size the code object asks for."""
+def pack_args(loaded: LoadedKernel, values: list, lengths: list, grid: tuple, block: tuple) -> bytes:
+    """Kernarg bytes, padded to the segment size the code object asks for, with the hidden
+    dispatch-geometry arguments (code object v5) filled for ``grid``/``block``."""
     data = pack(loaded.args, loaded.layout, values, lengths)
-    return data + bytes(max(0, loaded.kernarg_size - len(data)))
+    data += bytes(max(0, loaded.kernarg_size - len(data)))
+    return fill_hidden(loaded.hidden, data, grid, block)

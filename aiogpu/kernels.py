@@ -13,7 +13,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .hsa_bindings import emulated_code
+from .hsa_bindings import codeobject, emulated_code
 from .hsa_bindings import types as T
 from .hsa_bindings.signature import Arg, KernargLayout, parse_signature
 
@@ -29,6 +29,8 @@ class LoadedKernel:
     layout: KernargLayout
     executable: int
     args: tuple = ()
+    hidden: tuple = ()          # codeobject.HiddenArg: dispatch geometry the runtime fills (v5)
+    kernarg_align: int = 16     # the kernarg segment's alignment
 
 
 class Kernel:
@@ -118,15 +120,21 @@ def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
         api.check(api.hsa_executable_symbol_get_info(sym, attr, ctypes.byref(value)), "symbol info")
         return value.value
 
-    hidden = api.backend == "emulator"
+    lengths = api.backend == "emulator"
+    try:   # hidden arguments from the code object's metadata (v5: the dispatch geometry)
+        hidden = codeobject.kernel_metadata(code, kernel.name).hidden
+    except ValueError:
+        hidden = ()
     return LoadedKernel(
         kernel_object=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT, ctypes.c_uint64),
         kernarg_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, ctypes.c_uint32),
         group_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, ctypes.c_uint32),
         private_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, ctypes.c_uint32),
-        layout=KernargLayout.of(kernel.args, hidden_lengths=hidden),
+        layout=KernargLayout.of(kernel.args, hidden_lengths=lengths),
         executable=exe.handle,
         args=kernel.args,
+        hidden=hidden,
+        kernarg_align=max(16, info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, ctypes.c_uint32)),
     )
 
 

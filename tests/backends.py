@@ -68,7 +68,9 @@ def _close_checked(rt) -> None:
     if rt.closed:
         return
     stats = wait_for_baseline(rt)
+    emulator = getattr(getattr(rt, "api", None), "emulator", None)
     rt.close()
+    assert not (emulator and emulator.kernarg_mismatches), emulator.kernarg_mismatches
     assert stats["pending"] == 0, stats
     assert stats["signals_in_use"] == 0, stats
     assert stats["kernarg_in_use"] == 0, stats

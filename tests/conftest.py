@@ -29,6 +29,7 @@ def make_runtime():
         if not rt.closed:
             stats = wait_for_baseline(rt)
             rt.close()
+            assert not rt.api.emulator.kernarg_mismatches, rt.api.emulator.kernarg_mismatches
             assert stats["pending"] == 0, stats
             assert stats["signals_in_use"] == 0, stats
             assert stats["kernarg_in_use"] == 0, stats

@@ -10,6 +10,7 @@ import pytest
 
 import aiogpu
 from gpu_kernels import Gate, scale, sleep_ms
+from aiogpu.kernels import fill_kernel
 
 
 @pytest.mark.asyncio
@@ -130,3 +131,58 @@ async def test_a_thousand_graph_replays_stay_within_the_interrupt_signal_bound(m
     assert stats["busy_waits"] == 0 and stats["max_wait_signals"] <= MAX_INTERRUPT_SIGNALS + 1, stats
     assert len(rt.hub.pool.interrupt) <= MAX_INTERRUPT_SIGNALS
     assert stats["events_peak"] < stats["event_limit"]
+
+
+GEOMETRY = []
+
+
+@aiogpu.kernel("u8*")
+def record_geometry(launch, buf):
+    GEOMETRY.append((launch.grid, launch.block, launch.dims))
+
+
+@pytest.mark.asyncio
+async def test_hidden_geometry_arguments_are_filled(rt):
+    """Issue 14.8: code object v5 kernels read grid and work-group sizes from hidden kernel
+    arguments; the emulated kernels do too, so arguments left zero show as a zero geometry."""
+    d0 = rt.devices[0]
+    buf = d0.alloc(64)
+    GEOMETRY.clear()
+    await d0.launch(record_geometry, grid=(1000, 3), block=(64, 2), args=(buf,))
+    with aiogpu.Graph() as g:
+        node = d0.launch(record_geometry, grid=(10,), block=(4,), args=(buf,))
+    exe = g.instantiate()
+    await exe.launch()
+    await exe.launch(grid={node: (7, 7, 7)}, block={node: (2, 2, 2)})
+    assert GEOMETRY == [((1000, 3), (64, 2), 2), ((10,), (4,), 1), ((7, 7, 7), (2, 2, 2), 3)]
+    assert rt.api.emulator.kernarg_mismatches == []
+
+
+class _AlignedKernel(aiogpu.kernels.Kernel):
+    """An emulated kernel whose code object asks for 256-byte kernarg alignment."""
+
+    def code_object(self, backend, isa):
+        from aiogpu.hsa_bindings import emulated_code
+        if self._token is None:
+            self._token = emulated_code.register(self.body)
+        return emulated_code.code_object([(self.name, self.signature, self._token)], kernarg_align=256)
+
+
+@pytest.mark.asyncio
+async def test_kernarg_segments_follow_the_kernels_alignment(rt):
+    """Issue 14.9: the kernarg segment must be aligned to the kernel's kernarg_segment_align
+    (the emulator fails a misaligned dispatch; hardware would read shifted arguments)."""
+    d0 = rt.devices[0]
+
+    def fill(launch, buf, value):
+        buf[:] = value
+
+    k = _AlignedKernel(fill, "u32*, u32", name="aligned_fill")
+    buf = d0.alloc(64)
+    await aiogpu.gather(*[d0.launch(k, grid=(1,), block=(1,), args=(buf, i)) for i in range(8)])
+    with aiogpu.Graph() as g:
+        d0.launch(k, grid=(1,), block=(1,), args=(buf, 99))
+        d0.launch(fill_kernel, grid=(16,), block=(16,), args=(buf, 98, 16))
+    await g.instantiate().launch()
+    assert rt.api.emulator.queue_errors == []
+    assert (await buf.to_numpy(np.uint32)).tolist() == [98] * 16
