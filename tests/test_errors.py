@@ -210,10 +210,10 @@ async def test_watchdog_fails_a_lost_completion_and_the_device_recovers(make_run
 async def test_watchdog_counts_from_the_lanes_last_progress_not_from_submission(make_runtime):
     """Work queued behind a busy queue is not "silent": the watchdog measures the time since its
     lane last completed something, so a long chain of short kernels never trips it."""
-    rt = make_runtime(gpus=1, queues_per_device=1, watchdog_s=0.5)
+    rt = make_runtime(gpus=1, queues_per_device=1, watchdog_s=1.0)
     d0 = rt.devices[0]
     buf = d0.alloc(8)
     await aiogpu.copy(buf, np.zeros(1, np.int64))
-    chain = [d0.launch(hold_then_increment, grid=(1,), block=(1,), args=(buf, 200)) for _ in range(6)]
+    chain = [d0.launch(hold_then_increment, grid=(1,), block=(1,), args=(buf, 300)) for _ in range(6)]
     await aiogpu.gather(*chain)
     assert (await buf.to_numpy(np.int64))[0] == 6
