@@ -136,12 +136,14 @@ async def test_blame_does_not_depend_on_the_read_index(make_runtime):
     rt = make_runtime(gpus=1, queues_per_device=1)
     d0 = rt.devices[0]
     out = d0.alloc(4)
-    bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(out, 1))
-    later = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(300,)) for _ in range(3)]
+    with rt.lock:   # all on the failing queue: the error is handled (queue replaced) only after
+        bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(out, 1))
+        later = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(300,)) for _ in range(3)]
     with pytest.raises(aiogpu.GPUError) as info:
         await bad
     assert info.value.status == T.HSA_STATUS_ERROR_EXCEPTION
     assert info.value.packet == bad.packet and "before it" not in str(info.value)
+    assert f"failed at packet {bad.packet}:" in str(info.value)
     for f in later:
         with pytest.raises(aiogpu.GPUError, match="queue gpu0.q0 failed"):
             await f
