@@ -43,15 +43,17 @@ class PacketGroup:
     kernarg ring at publication.
     """
 
-    __slots__ = ("blob", "headers", "future", "marks", "kernargs")
+    __slots__ = ("blob", "headers", "future", "marks", "kernargs", "kernarg_align")
 
     def __init__(self, packets: list, headers: list[int], future: GPUFuture, kernarg: bytes = b"", *,
-                 blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None):
+                 blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None,
+                 kernarg_align: int = 16):
         self.blob = blob if blob is not None else bytearray(b"".join(bytes(p) for p in packets))
         self.headers = headers
         self.future = future
         self.marks = marks or []
         self.kernargs = kernargs if kernargs is not None else ({len(headers) - 1: kernarg} if kernarg else {})
+        self.kernarg_align = kernarg_align   # the largest kernarg_segment_align of its kernels
 
     def __len__(self) -> int:
         return len(self.headers)
@@ -90,11 +92,14 @@ class KernargRing:
         self._tail = 0    # oldest offset still in use
         self._live: deque[list] = deque()  # [start, end, freed]
 
-    def alloc(self, nbytes: int) -> tuple[int, list] | None:
+    def alloc(self, nbytes: int, align: int = ALIGN) -> tuple[int, list] | None:
+        """(address, entry) of ``nbytes`` aligned to ``align`` (at least ALIGN; the kernel's
+        kernarg_segment_align), or None while the ring is full."""
+        align = max(align, self.ALIGN)
         n = (nbytes + self.ALIGN - 1) // self.ALIGN * self.ALIGN
         if n > self.size:
             raise ValueError(f"kernel arguments of {nbytes} bytes exceed the kernarg ring ({self.size})")
-        start = self._head
+        start = (self._head + align - 1) // align * align
         if start % self.size + n > self.size:   # do not wrap inside an allocation
             start += self.size - start % self.size
         if start + n - self._tail > self.size:
@@ -139,7 +144,17 @@ class AqlQueue:
         self._create()
 
     # -- lifecycle -----------------------------------------------------------------------------
+    def ring_size(self, requested: int) -> int:
+        """``requested`` rounded up to a power of two and clamped to the agent's
+        [QUEUE_MIN_SIZE, QUEUE_MAX_SIZE] (ROCr rejects anything else: 64 <= size <= 0x20000)."""
+        low, high = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(low))
+        self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(high))
+        size = 1 << max(int(requested) - 1, 0).bit_length()
+        return min(max(size, low.value or 1), high.value or size)
+
     def _create(self) -> None:
+        self.size = self.ring_size(self.size)
         qp = ctypes.POINTER(T.hsa_queue_t)()
         self.api.check(self.api.hsa_queue_create(self.agent, self.size, T.HSA_QUEUE_TYPE_MULTI, self._callback,
                                                  None, 0xFFFFFFFF, 0xFFFFFFFF, ctypes.byref(qp)),
@@ -263,7 +278,7 @@ class AqlQueue:
         placed = []
         try:
             for index, data in group.kernargs.items():
-                got = self.kernarg.alloc(len(data))
+                got = self.kernarg.alloc(len(data), group.kernarg_align)
                 if got is None:
                     break
                 address, entry = got
@@ -315,17 +330,19 @@ class AqlQueue:
         with self.hub.lock:
             if generation != self.generation or self._q is None:
                 return
-            failed_at = self.api.hsa_queue_load_read_index_scacquire(self._q)
-            err = GPUError(f"queue {self.name} failed at packet {failed_at}: {T.status_name(status)}",
-                           status=status, queue=self.name, packet=failed_at)
-            self.abort(err, failed_at)
+            err = GPUError(f"queue {self.name} failed: {T.status_name(status)}", status=status, queue=self.name)
+            self.abort(err, None)
 
-    def abort(self, err: GPUError, failed_at: int) -> None:
-        """Destroy the HSA queue, fail every operation on it and replace it (under lock).
+    def abort(self, err: GPUError, failed_at: int | None = None) -> None:
+        """Destroy the HSA queue, settle every operation on it and replace it (under lock).
 
-        The operation whose packets include ``failed_at`` fails with ``err``; the others with an
-        error that says the queue failed before they ran (or before they were submitted). Once
-        the queue is destroyed none of its packets can run, so everything they held is freed.
+        An operation whose completion signal already reads complete completed before the error
+        and completes normally. Of the others, one is blamed with ``err``'s status: the one whose
+        packets include ``failed_at`` when given (the watchdog names the silent packet), else the
+        oldest one not complete. The read index is not used: it advances as packets launch, so
+        several later packets may be past it when one fails. The rest fail with an error saying
+        the queue failed before they completed (or before they were submitted). Once the queue is
+        destroyed none of its packets can run, so everything they held is freed.
         """
         self.broken = True
         victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
@@ -335,40 +352,81 @@ class AqlQueue:
         self.destroy()              # no packet of it can run any more
         self.generation += 1
         self.errors.append(str(err))
+        done = [(f.signal, f) for f, _ in victims if f.signal and self.hub.is_complete(f.signal)]
+        self.hub._settle(done)      # completed before the error: they are not failed
+        pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
+        blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
-        for fut, (first, last) in victims:
-            if first <= failed_at <= last:
-                self.hub.fail(fut, err)
-            else:
-                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {failed_at} "
-                                            f"({why}) before it ran", status=err.status, queue=self.name,
+        for fut, (first, last) in pending:
+            if blamed is not None and fut is blamed[0]:
+                self.hub.fail(fut, err if failed_at is not None else GPUError(
+                    f"{fut.label}: queue {self.name} failed at packet {last}: {why}", status=err.status,
+                    queue=self.name, packet=last))
+            elif blamed is not None:
+                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} "
+                                            f"({why}) before it completed", status=err.status, queue=self.name,
                                             packet=last))
+            else:
+                self.hub.fail(fut, GPUError(f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last))
         for group in parked:
             self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed ({why}) "
                                                  f"before it was submitted", status=err.status, queue=self.name))
-        for fut in [f for f, _ in victims] + [g.future for g in parked]:
+        for fut in [f for f, _ in pending] + [g.future for g in parked]:
             self.hub.retire_failed(fut)
         self._create()
+
+    @staticmethod
+    def _blame(pending: list, failed_at: int | None) -> tuple | None:
+        """The (future, span) to blame: the one whose packets include ``failed_at``, or without
+        it the oldest not yet settled (one failed already, by a dependency, is not the cause)."""
+        if failed_at is None:
+            return next(((f, span) for f, span in pending if not f.done()), None)
+        return next(((f, span) for f, span in pending if span[0] <= failed_at <= span[1]), None)
 
     def __repr__(self) -> str:
         return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"
 
 
 class CopyEngines:
-    """The SDMA engines of one device, chosen from what ``copy_engine_status`` reports free.
+    """The SDMA engines of one device, chosen per copy direction from what ROCr reports.
 
-    ``submit`` returns the engine's name, or None when no engine is available (none free, the
-    queues are exhausted, or the library lacks the engine calls): the caller then runs the copy
-    as a shader copy on a compute queue.
+    ROCr's ``hsa_amd_memory_copy_engine_status`` answers per direction (ROCr:
+    GpuAgent::DmaCopyStatus): which engines may serve it (xGMI peers only xGMI engines; on
+    gfx90a engine 0 host-to-device only) and which of those are free; INVALID_AGENT for a copy
+    within one agent, OUT_OF_RESOURCES when none is free. An engine never used is reported free
+    even if ROCr cannot create its SDMA queue; ROCr then runs that engine's copies as blit
+    kernels and succeeds, and, once used, such an engine is never reported free again. So:
+
+    - an engine reported free for a direction is used for it (round-robin over the free ones);
+    - with none free, the copy queues behind a busy engine that was reported free for this
+      direction *after* it had been used (so it is a real SDMA queue), if there is one;
+    - otherwise (never reported free after use: busy or a blit kernel; a copy within one
+      device; a library without the engine calls) ``pick`` returns None and the caller runs a
+      shader copy. The copy call's own OUT_OF_RESOURCES (ROCr cannot even create its blit
+      kernel) also makes ``submit`` return None, and so does INVALID_ARGUMENT for an engine the
+      status reported: ROCr's status and copy checks disagree in one corner (a single-engine
+      gfx90a reports its device-to-host queue as engine 0, which the copy then refuses), so the
+      engine is dropped for that direction.
     """
 
     def __init__(self, api: Any, agent: Any, name: str):
         self.api, self.agent, self.name = api, agent, name
         self._next = 0
-        self.seen: set[int] = set()   # engines reported free at some point: they exist
+        self.seen: dict[tuple[int, int], set[int]] = {}   # direction -> engines reported free for it
+        self.used: set[int] = set()                        # engines this device submitted to
+        self.proven: set[int] = set()                      # reported free after use: SDMA queues
+        self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
+        self.lost = False                                  # evicted after a memory fault: never again
         self.counts: dict[str, int] = {}
 
+    def lose(self) -> None:
+        """The device faulted and KFD evicted its SDMA queues; ROCr never recreates them (it
+        may still report them free), so every later copy of this device is a shader copy."""
+        self.lost = True
+
     def free_engines(self, dst_agent: Any, src_agent: Any) -> list[int]:
+        """Engine-id bits ROCr reports free for this direction ([] for none, an error, or a
+        library without the call)."""
         if not self.api.has_engine_copy:
             return []
         mask = ctypes.c_uint32(0)
@@ -376,27 +434,47 @@ class CopyEngines:
         return T.sdma_engine_bits(mask.value) if status == T.HSA_STATUS_SUCCESS else []
 
     def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
-        """An engine id bit for a copy between the two agents: round-robin over the free ones;
-        when every engine is busy, over the engines seen before (the copy queues behind the
-        others on its engine, as ROCr's SDMA queues do). None when no engine was ever reported:
-        then, and when the chosen engine turns out exhausted, the copy runs as a shader copy."""
-        engines = self.free_engines(dst_agent, src_agent)
-        if engines:
-            self.seen.update(engines)
+        """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, or None: run a
+        shader copy (see the class docstring)."""
+        if self.lost:
+            return None
+        direction = (dst_agent.handle, src_agent.handle)
+        free = [e for e in self.free_engines(dst_agent, src_agent) if (*direction, e) not in self.refused]
+        if free:
+            self.proven.update(e for e in free if e in self.used)
+            self.seen.setdefault(direction, set()).update(free)
+            # ROCr's own choice first (host-to-device on engine 0, the rest on engine 1: on gfx90a
+            # engine 0 serves host-to-device only), so the engines each direction can use stay free.
+            preferred = T.HSA_AMD_SDMA_ENGINE_0 << (src_agent.handle == self.agent.handle)
+            if preferred in free:
+                self.used.add(preferred)
+                return preferred
+            engines = free
         else:
-            engines = sorted(self.seen)
+            engines = sorted(e for e in self.seen.get(direction, ()) if e in self.proven)
             if not engines:
                 return None
         self._next += 1
-        return engines[self._next % len(engines)]
+        engine = engines[self._next % len(engines)]
+        self.used.add(engine)
+        return engine
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
                deps: list[int], completion: int) -> str | None:
-        """Start the copy on ``engine``; its name, or None if the engine ran out meanwhile."""
+        """Start the copy on ``engine``; its name, or None (run a shader copy instead) if the
+        engines were lost to a memory fault (a graph chose ``engine`` before) or ROCr reports
+        OUT_OF_RESOURCES. Raises HsaError for any other failure."""
+        if self.lost:
+            return None
         arr = (T.hsa_signal_t * len(deps))(*[T.hsa_signal_t(h) for h in deps]) if deps else None
         status = self.api.hsa_amd_memory_async_copy_on_engine(
             dst, dst_agent, src, src_agent, nbytes, len(deps), arr, T.hsa_signal_t(completion), engine, True)
         if status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+            return None
+        if status == T.HSA_STATUS_ERROR_INVALID_ARGUMENT and engine in self.seen.get(
+                (dst_agent.handle, src_agent.handle), ()):
+            self.refused.add((dst_agent.handle, src_agent.handle, engine))
+            self.seen[(dst_agent.handle, src_agent.handle)].discard(engine)
             return None
         self.api.check(status, "hsa_amd_memory_async_copy_on_engine")
         label = f"{self.name}.sdma{engine.bit_length() - 1}"

@@ -5,17 +5,36 @@ A GPU future is an HSA signal with a condition (value < 1: the packet processor 
 every pending signal, never holding the GIL while it waits. It is level-triggered: after any
 wake-up it rescans every pending signal, then acquire-loads each that reads complete before
 resolving it; a missed edge costs at most ``LOST_WAKEUP_GUARD_S``, never a hang.
+
+Interrupt signals are a bounded resource (ROCr: ``hsa_signal_create`` takes one of KFD's ~4,096
+signal events per process, and past the limit silently gives a signal without one), and ROCr's
+``Signal::WaitAny`` spins for the whole wait if any signal in it lacks an event. So the pool
+keeps at most ``MAX_INTERRUPT_SIGNALS`` interrupt signals, checks each really got an event (its
+``amd_signal_t.event_mailbox_ptr``), and beyond that hands out busy-wait signals
+(``hsa_amd_signal_create`` with AMD_GPU_ONLY, no event). Those are never passed to the wait: while
+any is pending the waiter also wakes every ``POLL_S`` to scan them. The wait therefore has at most
+MAX_INTERRUPT_SIGNALS + 1 signals, all with events, and ROCr never spins through it.
 """
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any
 
 from .futures import FutureHub, GPUFuture
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
+POLL_S = 0.005          # scan period while busy-wait (event-less) signals are pending
+MAX_INTERRUPT_SIGNALS = 1024
 VALUE_OFFSET = T.amd_signal_t.value.offset
+MAILBOX_OFFSET = T.amd_signal_t.event_mailbox_ptr.offset
+
+
+def has_interrupt_event(handle: int) -> bool:
+    """Whether a signal has a KFD interrupt event (ROCr's InterruptSignal writes its event's
+    mailbox address into the amd_signal_t; without an event it stays 0)."""
+    return ctypes.c_uint64.from_address(handle + MAILBOX_OFFSET).value != 0
 
 
 class SignalPool:
@@ -25,27 +44,51 @@ class SignalPool:
     was observed) and one per packet that names it as a dependency (dropped when that packet is
     known to have retired). Only at zero is it reset to 1 and reused; a reset signal can
     therefore never satisfy or stall a packet that still reads it.
+
+    At most ``max_interrupt`` signals with interrupt events exist; when they are all in use (or
+    KFD has no event left) ``acquire`` gives a busy-wait signal, which the waiter polls.
     """
 
-    def __init__(self, api: Any):
+    def __init__(self, api: Any, max_interrupt: int = MAX_INTERRUPT_SIGNALS):
         self._api = api
-        self._free: list[int] = []
+        self.max_interrupt = max_interrupt
+        self._free: list[int] = []            # free interrupt signals
+        self._free_polled: list[int] = []     # free busy-wait signals
         self._refs: dict[int, int] = {}
+        self.interrupt: set[int] = set()      # handles with an interrupt event
         self.views: dict[int, ctypes.c_int64] = {}  # handle -> the value word in memory
         self.created = 0
+        self._events_left = True              # False once KFD gave a signal without an event
 
     def acquire(self) -> int:
-        if self._free:
-            handle = self._free.pop()
+        """A signal reading 1: a free interrupt one, else a new interrupt one while fewer than
+        ``max_interrupt`` exist and KFD has events, else a busy-wait one."""
+        if self._free or self._free_polled and not self._may_create_interrupt():
+            handle = (self._free or self._free_polled).pop()
             self._api.hsa_signal_store_relaxed(T.hsa_signal_t(handle), 1)
         else:
-            sig = T.hsa_signal_t()
-            self._api.check(self._api.hsa_signal_create(1, 0, None, ctypes.byref(sig)), "hsa_signal_create")
-            handle = sig.handle
-            # A signal handle is the address of its amd_signal_t; the value is at offset 8.
-            self.views[handle] = ctypes.c_int64.from_address(handle + VALUE_OFFSET)
-            self.created += 1
+            handle = self._create(interrupt=self._may_create_interrupt())
         self._refs[handle] = 1
+        return handle
+
+    def _may_create_interrupt(self) -> bool:
+        return len(self.interrupt) < self.max_interrupt and self._events_left
+
+    def _create(self, interrupt: bool) -> int:
+        sig = T.hsa_signal_t()
+        if interrupt:
+            self._api.check(self._api.hsa_signal_create(1, 0, None, ctypes.byref(sig)), "hsa_signal_create")
+        else:
+            self._api.check(self._api.hsa_amd_signal_create(1, 0, None, T.HSA_AMD_SIGNAL_AMD_GPU_ONLY,
+                                                            ctypes.byref(sig)), "hsa_amd_signal_create")
+        handle = sig.handle
+        if interrupt and has_interrupt_event(handle):
+            self.interrupt.add(handle)
+        elif interrupt:
+            self._events_left = False   # KFD's event limit: ROCr gave a signal without an event
+        # A signal handle is the address of its amd_signal_t; the value is at offset 8.
+        self.views[handle] = ctypes.c_int64.from_address(handle + VALUE_OFFSET)
+        self.created += 1
         return handle
 
     def retain(self, handle: int) -> None:
@@ -57,18 +100,20 @@ class SignalPool:
             self._refs[handle] = count
         else:
             del self._refs[handle]
-            self._free.append(handle)
+            (self._free if handle in self.interrupt else self._free_polled).append(handle)
 
     @property
     def in_use(self) -> int:
         return len(self._refs)
 
     def destroy(self) -> None:
-        for handle in self._free + list(self._refs):
+        for handle in self._free + self._free_polled + list(self._refs):
             self._api.hsa_signal_destroy(T.hsa_signal_t(handle))
         self._free.clear()
+        self._free_polled.clear()
         self._refs.clear()
         self.views.clear()
+        self.interrupt.clear()
 
 
 class CompletionHub(FutureHub):
@@ -79,6 +124,7 @@ class CompletionHub(FutureHub):
         self.api = api
         self.pool = SignalPool(api)
         self._wake = self._create_wake_signal()
+        self._wake_interrupt = has_interrupt_event(self._wake)   # False: KFD had no event left
         self._freq = self._timestamp_frequency()
         self.start()
 
@@ -135,12 +181,16 @@ class CompletionHub(FutureHub):
 
     def _run(self) -> None:
         api, arrays = self.api, None
-        timeout = int(LOST_WAKEUP_GUARD_S * self._freq)
+        guard, poll = int(LOST_WAKEUP_GUARD_S * self._freq), int(POLL_S * self._freq)
         while not self._stop:
             if self._dirty or arrays is None:
                 arrays = self._build_arrays()
-            n, sigs, conds, vals = arrays
-            api.hsa_amd_signal_wait_any(n, sigs, conds, vals, timeout, T.HSA_WAIT_STATE_BLOCKED, None)
+            n, sigs, conds, vals, polled = arrays
+            if self._wake_interrupt:
+                api.hsa_amd_signal_wait_any(n, sigs, conds, vals, poll if polled else guard,
+                                            T.HSA_WAIT_STATE_BLOCKED, None)
+            else:   # not even the wake signal has an event: poll rather than make ROCr spin
+                time.sleep(POLL_S)
             # Level-triggered: reset the wake signal first, then look at everything.
             api.hsa_signal_store_relaxed(T.hsa_signal_t(self._wake), 0)
             self._woken = False
@@ -148,15 +198,21 @@ class CompletionHub(FutureHub):
             self._scan()
 
     def _build_arrays(self) -> tuple:
+        """The wait's arrays: the wake signal and the pending interrupt signals (never a signal
+        without an event: ROCr would spin through the whole wait); and whether busy-wait
+        signals are pending (then the wait also times out every POLL_S)."""
         with self.lock:
-            handles = [self._wake, *self._pending]
+            interrupt = self.pool.interrupt
+            pending = list(self._pending)
+            handles = [self._wake, *[h for h in pending if h in interrupt]]
+            polled = len(handles) - 1 < len(pending)
             self._dirty = False
         n = len(handles)
         sigs = (T.hsa_signal_t * n)()
         ctypes.memmove(sigs, (ctypes.c_uint64 * n)(*handles), 8 * n)
         conds = (T.hsa_signal_condition_t * n)(T.HSA_SIGNAL_CONDITION_NE, *[T.HSA_SIGNAL_CONDITION_LT] * (n - 1))
         vals = (T.hsa_signal_value_t * n)(0, *[1] * (n - 1))
-        return n, sigs, conds, vals
+        return n, sigs, conds, vals, polled
 
     def _scan(self) -> None:
         """Look at every pending signal: a cheap read of each value word outside the lock, then

@@ -66,7 +66,9 @@ def _close_checked(rt) -> None:
     if rt.closed:
         return
     leaks = rt.leaks(5.0, buffers=False)
+    emulator = getattr(getattr(rt, "api", None), "emulator", None)
     rt.close()
     assert leaks == {}, leaks
+    assert not (emulator and emulator.kernarg_mismatches), emulator.kernarg_mismatches
 
 

@@ -13,7 +13,7 @@ from gpu_kernels import Gate, sleep_ms, slow_increment
 
 @pytest.mark.asyncio
 async def test_tiny_ring_takes_a_thousand_launches_without_blocking(make_runtime):
-    rt = make_runtime(ring_size=4, queues_per_device=1, gpus=1)
+    rt = make_runtime(ring_size=4, queues_per_device=1, gpus=1, emulator_min_queue_size=4)
     d0 = rt.devices[0]
     assert d0.queues[0].size == 4
     gate = Gate()
@@ -35,13 +35,21 @@ async def test_tiny_ring_takes_a_thousand_launches_without_blocking(make_runtime
 
 @pytest.mark.asyncio
 async def test_back_logged_conflicting_work_stays_ordered(make_runtime):
-    rt = make_runtime(ring_size=4, gpus=2)
+    rt = make_runtime(ring_size=4, gpus=2, emulator_min_queue_size=4)
     d0, d1 = rt.devices
     c0 = d0.alloc(8)
     await aiogpu.copy(c0, np.zeros(1, np.int64))
     for _ in range(30):
         d0.launch(slow_increment, grid=(1,), block=(1,), args=(c0,))
     assert (await c0.to_numpy(np.int64))[0] == 30
+
+
+@pytest.mark.parametrize("asked,got", [(4, 64), (100, 128), (1024, 1024), (1 << 20, 131072)])
+def test_ring_size_is_clamped_to_what_rocr_accepts(make_runtime, asked, got):
+    """ROCr accepts powers of two in [64, 0x20000] only: the runtime rounds and clamps (an
+    unclamped ring of 4 would fail hsa_queue_create with INVALID_ARGUMENT)."""
+    rt = make_runtime(ring_size=asked, gpus=1, queues_per_device=1)
+    assert rt.devices[0].queues[0].size == got
 
 
 @pytest.mark.asyncio

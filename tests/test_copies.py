@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from gpu_kernels import scale
+from gpu_kernels import Gate, scale
 
 
 async def copy_workload(rt, rounds=6, n=4096):
@@ -43,18 +43,58 @@ async def test_same_results_with_0_1_2_engines(make_runtime, engines):
 
 
 @pytest.mark.asyncio
-async def test_engines_exhausted_mid_run_fall_back_to_shader_copies(make_runtime):
+async def test_exhausted_sdma_queues_turn_into_shader_copies(make_runtime):
+    """Issue 14.2: when ROCr cannot create an SDMA queue it runs that engine's copies as its own
+    blit kernel and reports success; only engine status tells (the engine is never free again).
+    The runtime then runs its shader copy instead of queueing behind such an engine."""
     rt = make_runtime(sdma_engines=2)
-    first = await copy_workload(rt, rounds=3)
-    rt.api.emulator.faults.exhaust_sdma()
-    n_copies = len([r for r in rt.api.emulator.timeline if r.kind == "copy"])
-    second = await copy_workload(rt, rounds=3)
-    assert len([r for r in rt.api.emulator.timeline if r.kind == "copy"]) == n_copies
-    shader = [r for r in rt.api.emulator.timeline if r.kind == "dispatch" and r.name == "aiogpu_copy"]
-    assert shader, "exhausted engines did not fall back to the shader copy"
-    for g, e in zip(first + second, expected(3) + expected(3)):
+    emu = rt.api.emulator
+    emu.faults.exhaust_sdma()
+    got = await copy_workload(rt, rounds=4)
+    for g, e in zip(got, expected(4)):
         np.testing.assert_array_equal(g, e)
-    rt.api.emulator.faults.restore_sdma()
+    assert not [r for r in emu.timeline if r.kind == "copy"], "an SDMA queue ran although none could be created"
+    for gpu in (0, 1):   # each engine's first copy revealed it; then shader copies
+        assert len([r for r in emu.timeline if r.kind == "blit" and r.agent == gpu]) <= 2
+    shader = [r for r in emu.timeline if r.kind == "dispatch" and r.name == "aiogpu_copy"]
+    assert len(shader) >= 4 * 4 - 2 * 2, "the runtime kept queueing behind blit-kernel engines"
+    emu.faults.restore_sdma()
+
+
+@pytest.mark.asyncio
+async def test_a_busy_engine_of_another_direction_is_never_used(make_runtime):
+    """Issue 14.1: on gfx90a SDMA engine 0 serves host-to-device copies only. With both engines
+    busy, a device-to-host copy must not fall back to an engine seen for another direction
+    (ROCr: INVALID_ARGUMENT); it queues behind a proven engine of its own direction or runs as a
+    shader copy."""
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    n = 4096
+    gate = Gate()
+    held = gate.launch(d0)
+    bufs = [d0.alloc(n) for _ in range(4)]
+    ups = [aiogpu.copy(b, np.full(n, i, np.uint8), after=[held]) for i, b in enumerate(bufs[:2])]
+    assert {u.queue for u in ups} == {"gpu0.sdma0", "gpu0.sdma1"}   # both engines now busy
+    downs = [bufs[2].to_numpy(), bufs[3].to_numpy()]
+    gate.open()
+    for i, u in enumerate(ups):
+        await u
+        np.testing.assert_array_equal(await bufs[i].to_numpy(), np.full(n, i, np.uint8))
+    await aiogpu.gather(*downs)
+    assert all(not d.queue.startswith("gpu0.sdma0") for d in downs)
+
+
+@pytest.mark.asyncio
+async def test_copies_within_one_device_run_as_shader_copies(rt):
+    """ROCr reports INVALID_AGENT for engine status within one agent (its own choice there is a
+    blit kernel): the runtime's shader copy does it."""
+    d0 = rt.devices[0]
+    a, b = d0.alloc(1024), d0.alloc(1024)
+    await aiogpu.copy(a, np.arange(1024, dtype=np.uint8))
+    f = aiogpu.copy(b, a)
+    await f
+    assert f.queue.startswith("gpu0.q")
+    np.testing.assert_array_equal(await b.to_numpy(), np.arange(1024, dtype=np.uint8))
 
 
 @pytest.mark.asyncio
@@ -96,3 +136,25 @@ async def test_large_and_small_allocations(rt):
     data = np.arange(5 << 18, dtype=np.float32)
     await aiogpu.copy(big, data)
     np.testing.assert_array_equal(await big.to_numpy(np.float32), data)
+
+
+@pytest.mark.asyncio
+async def test_overlapping_host_arrays_in_flight_lock_and_unlock_cleanly(rt):
+    """Issue 13.10: uploads from h[:16] and h in flight together. ROCr's unlock takes only the
+    start address and unlocks nothing when two registrations start there, so the runtime must
+    never make two: views share their root buffer's registration (at its agent address)."""
+    d0 = rt.devices[0]
+    h = np.arange(1 << 16, dtype=np.uint8)
+    small, big, mid = d0.alloc(16), d0.alloc(h.nbytes), d0.alloc(100)
+    gate = Gate()
+    held = gate.launch(d0)
+    ups = [aiogpu.copy(small, h[:16], after=[held]), aiogpu.copy(big, h, after=[held]),
+           aiogpu.copy(mid, h[100:200], after=[held])]
+    assert rt.host.count == 1, "overlapping views made separate registrations"
+    gate.open()
+    await aiogpu.gather(*ups)
+    np.testing.assert_array_equal(await small.to_numpy(), h[:16])
+    np.testing.assert_array_equal(await big.to_numpy(), h)
+    np.testing.assert_array_equal(await mid.to_numpy(), h[100:200])
+    assert rt.api.emulator.memory_faults == []
+    assert rt.stats()["host_locks"] == 0 and rt.api.emulator.locked_ranges() == []

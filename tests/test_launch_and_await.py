@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import aiogpu
-from gpu_kernels import scale, sleep_ms
+from gpu_kernels import Gate, scale, sleep_ms
+from aiogpu.kernels import fill_kernel
 
 
 @pytest.mark.asyncio
@@ -90,3 +91,98 @@ async def test_completions_reach_a_loop_in_batches(rt):
 
 async def _await(f):
     await f
+
+
+@pytest.mark.asyncio
+async def test_waiter_never_makes_rocr_spin_when_kfd_events_run_out(make_runtime):
+    """Issue 14.5: KFD gives a process a limited number of signal events and ROCr then makes
+    signals without one; a wait that includes such a signal spins throughout. The waiter waits
+    only on signals with events and polls the rest."""
+    rt = make_runtime(gpus=1, emulator_event_limit=64)
+    d0 = rt.devices[0]
+    gate = Gate()
+    held = gate.launch(d0)
+    futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(150)]
+    await asyncio.sleep(0.05)
+    gate.open()
+    for f in futs:
+        await f
+    stats = rt.api.emulator.signal_stats()
+    assert stats["busy_waits"] == 0, stats
+    assert stats["max_wait_signals"] <= 64 and stats["events_peak"] <= 64
+
+
+@pytest.mark.asyncio
+async def test_a_thousand_graph_replays_stay_within_the_interrupt_signal_bound(make_runtime):
+    """Issue 14.5: 1,000 replays in flight used to hold ~4,900 interrupt signals (KFD allows
+    ~4,096 events); now the waiter waits on at most MAX_INTERRUPT_SIGNALS + 1."""
+    from aiogpu.signals import MAX_INTERRUPT_SIGNALS
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    x, y = d0.alloc(4096), d1.alloc(4096)
+    with aiogpu.Graph() as g:
+        a = d0.launch(scale, grid=(1024,), block=(256,), args=(x, 1.0, 1024))
+        aiogpu.copy(y, x, after=[a])
+    exe = g.instantiate()
+    replays = [exe.launch() for _ in range(1000)]
+    await replays[-1]
+    await aiogpu.gather(*replays)
+    stats = rt.api.emulator.signal_stats()
+    assert stats["busy_waits"] == 0 and stats["max_wait_signals"] <= MAX_INTERRUPT_SIGNALS + 1, stats
+    assert len(rt.hub.pool.interrupt) <= MAX_INTERRUPT_SIGNALS
+    assert stats["events_peak"] < stats["event_limit"]
+
+
+GEOMETRY = []
+
+
+@aiogpu.kernel("u8*")
+def record_geometry(launch, buf):
+    GEOMETRY.append((launch.grid, launch.block, launch.dims))
+
+
+@pytest.mark.asyncio
+async def test_hidden_geometry_arguments_are_filled(rt):
+    """Issue 14.8: code object v5 kernels read grid and work-group sizes from hidden kernel
+    arguments; the emulated kernels do too, so arguments left zero show as a zero geometry."""
+    d0 = rt.devices[0]
+    buf = d0.alloc(64)
+    GEOMETRY.clear()
+    await d0.launch(record_geometry, grid=(1000, 3), block=(64, 2), args=(buf,))
+    with aiogpu.Graph() as g:
+        node = d0.launch(record_geometry, grid=(10,), block=(4,), args=(buf,))
+    exe = g.instantiate()
+    await exe.launch()
+    await exe.launch(grid={node: (7, 7, 7)}, block={node: (2, 2, 2)})
+    assert GEOMETRY == [((1000, 3), (64, 2), 2), ((10,), (4,), 1), ((7, 7, 7), (2, 2, 2), 3)]
+    assert rt.api.emulator.kernarg_mismatches == []
+
+
+class _AlignedKernel(aiogpu.kernels.Kernel):
+    """An emulated kernel whose code object asks for 256-byte kernarg alignment."""
+
+    def code_object(self, backend, isa):
+        from aiogpu.hsa_bindings import emulated_code
+        if self._token is None:
+            self._token = emulated_code.register(self.body)
+        return emulated_code.code_object([(self.name, self.signature, self._token)], kernarg_align=256)
+
+
+@pytest.mark.asyncio
+async def test_kernarg_segments_follow_the_kernels_alignment(rt):
+    """Issue 14.9: the kernarg segment must be aligned to the kernel's kernarg_segment_align
+    (the emulator fails a misaligned dispatch; hardware would read shifted arguments)."""
+    d0 = rt.devices[0]
+
+    def fill(launch, buf, value):
+        buf[:] = value
+
+    k = _AlignedKernel(fill, "u32*, u32", name="aligned_fill")
+    buf = d0.alloc(64)
+    await aiogpu.gather(*[d0.launch(k, grid=(1,), block=(1,), args=(buf, i)) for i in range(8)])
+    with aiogpu.Graph() as g:
+        d0.launch(k, grid=(1,), block=(1,), args=(buf, 99))
+        d0.launch(fill_kernel, grid=(16,), block=(16,), args=(buf, 98, 16))
+    await g.instantiate().launch()
+    assert rt.api.emulator.queue_errors == []
+    assert (await buf.to_numpy(np.uint32)).tolist() == [98] * 16

@@ -22,7 +22,7 @@ FAST = settings(max_examples=15, deadline=None, suppress_health_check=[HealthChe
 def test_aql_writer_never_trips_the_eager_packet_processor(ring, producers, mix):
     """Random packet mixes from several threads into small rings, with the eager packet
     processor reading each slot the moment its header turns valid: nothing is torn or lost."""
-    rt = aiogpu.Runtime("emulator", gpus=2, ring_size=ring, eager=True)
+    rt = aiogpu.Runtime("emulator", gpus=2, ring_size=ring, eager=True, emulator_min_queue_size=4)
     try:
         d0, d1 = rt.devices
         futures, errors = [], []

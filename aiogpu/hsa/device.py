@@ -67,7 +67,7 @@ class HsaDevice(Device):
         arguments, their size) fails before the future exists."""
         hub = self.runtime.hub
         queue = self.pick_lane(deps)
-        kernarg = pack_args(loaded, values, lengths)
+        kernarg = pack_args(loaded, values, lengths, grid, block)
         if len(kernarg) > queue.kernarg.size:
             raise ValueError(f"{label}: {len(kernarg)} bytes of kernel arguments exceed the kernarg "
                              f"ring of {queue.name} ({queue.kernarg.size} bytes)")
@@ -85,15 +85,17 @@ class HsaDevice(Device):
         pkt.completion_signal.handle = fut.signal
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
         packets.append((pkt, header | dims << 16))
-        self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg)
+        self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg, loaded.kernarg_align)
         return fut
 
     def submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
-                     deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"") -> None:
+                     deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"",
+                     kernarg_align: int = 16) -> None:
         """Track ``fut`` on ``queue`` and hand it its packets (published now, or back-logged
         until the ring has room)."""
         self.track_on(fut, queue, reads, writes, deps, keep, cleanup)
-        queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg))
+        queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg,
+                                 kernarg_align=kernarg_align))
 
     def track_on(self, fut: GPUFuture, queue: AqlQueue, reads: Iterable, writes: Iterable, deps: Iterable,
                  keep: Iterable = (), cleanup: Iterable = ()) -> None:

@@ -71,7 +71,7 @@ class HsaGraphExec(GraphExec):
                     arr = node.op[side]
                     if isinstance(arr, np.ndarray):
                         addr = arr.__array_interface__["data"][0]
-                        node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes)
+                        node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes, arr)
                         pins.append((addr, arr.nbytes))
         self._host_pins = pins
         weakref.finalize(self, _unlock_all, rt, pins)
@@ -157,8 +157,8 @@ class HsaGraphExec(GraphExec):
     def _dispatch_packet(self, device: Device, node: GraphNode, barrier: bool) -> tuple[Any, int]:
         kernel, grid, block, values, lengths = self._dispatch_args(device, node, node.op.get("args"))
         loaded = device.loaded(kernel)
-        data = pack_args(loaded, values, lengths)
-        address = self._graph_kernarg(device, data)
+        data = pack_args(loaded, values, lengths, grid, block)
+        address = self._graph_kernarg(device, data, loaded.kernarg_align)
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
         pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z = tuple(block) + (1,) * (3 - dims)
@@ -180,7 +180,14 @@ class HsaGraphExec(GraphExec):
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
         return copy_kernel, device.copy_grid(n), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
 
-    def _graph_kernarg(self, device: Device, data: bytes) -> int:
+    def _graph_kernarg(self, device: Device, data: bytes, align: int = 64) -> int:
+        """Graph-owned kernarg memory for ``data``, aligned to ``align`` (the kernel's
+        kernarg_segment_align, at least 64)."""
+        align = max(align, 64)
+        if self._kernarg_blocks:   # skip to the alignment inside the current block
+            pad = -self._kernarg_next % align
+            self._kernarg_next += pad
+            self._kernarg_room -= pad
         address, size = self.runtime.kernarg_block(device.agent) if not self._kernarg_blocks or \
             self._kernarg_room < len(data) else (None, None)
         if address is not None:
@@ -199,7 +206,8 @@ class HsaGraphExec(GraphExec):
     def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> GPUFuture:
         hub = self.runtime.hub
         # Everything that can fail comes before any future exists (nothing to leak or undo).
-        packed = {node: pack_args(node.op["device"].loaded(node.op["kernel"]), p["values"], p["lengths"])
+        packed = {node: pack_args(node.op["device"].loaded(node.op["kernel"]), p["values"], p["lengths"],
+                                  p["grid"], p["block"])
                   for node, p in patches.items()}
         if self._last is not None and not self._last.retired:
             deps.setdefault(self._last, False)       # replays run in launch order
@@ -231,12 +239,13 @@ class HsaGraphExec(GraphExec):
         blob = bytearray(lane.blob)
         for i, node in lane.completions:
             struct.pack_into("<Q", blob, i * 64 + COMPLETION_OFFSET, node_futs[node].signal)
-        kernargs = {}
+        kernargs, align = {}, 16
         for node, p in patches.items():
             i = lane.dispatch_at.get(node)
             if i is None:
                 continue
             kernargs[i] = packed[node]
+            align = max(align, lane.device.loaded(node.op["kernel"]).kernarg_align)
             g3 = tuple(p["grid"]) + (1,) * (3 - len(p["grid"]))
             b3 = tuple(p["block"]) + (1,) * (3 - len(p["block"]))
             struct.pack_into("<HHHHIII", blob, i * 64 + GRID_OFFSET, *b3, 0, *g3)
@@ -267,7 +276,8 @@ class HsaGraphExec(GraphExec):
             fut.device, fut.kind = lane.device, "dispatch"
             fut.preds.extend(head + waits)     # a node is ordered after the lane's waits
         lane.device.track_on(segment, lane.queue, [], [], head + waits)
-        lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs))
+        lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs,
+                                      kernarg_align=align))
         for fut, _ in marks:      # node futures retire with their lane
             fut._cleanup.append(lambda q=lane.queue, f=fut: q.inflight.pop(f, None))
         return segment

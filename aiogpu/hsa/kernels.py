@@ -11,7 +11,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Any
 
-from ..hsa_bindings import emulated_code
+from ..hsa_bindings import codeobject, emulated_code
 from ..hsa_bindings import types as T
 from ..hsa_bindings.signature import KernargLayout, pack
 from ..kernels import Kernel
@@ -28,6 +28,8 @@ class LoadedKernel:
     layout: KernargLayout
     executable: int
     args: tuple = ()
+    hidden: tuple = ()          # codeobject.HiddenArg: dispatch geometry the runtime fills (v5)
+    kernarg_align: int = 16     # the kernarg segment's alignment
 
 
 def code_object(kernel: Kernel, backend: str, isa: str) -> bytes:
@@ -75,19 +77,27 @@ def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
         api.check(api.hsa_executable_symbol_get_info(sym, attr, ctypes.byref(value)), "symbol info")
         return value.value
 
-    hidden = api.backend == "emulator"
+    lengths = api.backend == "emulator"
+    try:   # hidden arguments from the code object's metadata (v5: the dispatch geometry)
+        hidden = codeobject.kernel_metadata(code, kernel.name).hidden
+    except ValueError:
+        hidden = ()
     return LoadedKernel(
         kernel_object=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT, ctypes.c_uint64),
         kernarg_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, ctypes.c_uint32),
         group_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, ctypes.c_uint32),
         private_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, ctypes.c_uint32),
-        layout=KernargLayout.of(kernel.args, hidden_lengths=hidden),
+        layout=KernargLayout.of(kernel.args, hidden_lengths=lengths),
         executable=exe.handle,
         args=kernel.args,
+        hidden=hidden,
+        kernarg_align=max(16, info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, ctypes.c_uint32)),
     )
 
 
-def pack_args(loaded: LoadedKernel, values: list, lengths: list) -> bytes:
-    """Kernarg bytes, padded to the segment size the code object asks for."""
+def pack_args(loaded: LoadedKernel, values: list, lengths: list, grid: tuple, block: tuple) -> bytes:
+    """Kernarg bytes, padded to the segment size the code object asks for, with the hidden
+    dispatch-geometry arguments (code object v5) filled for ``grid``/``block``."""
     data = pack(loaded.args, loaded.layout, values, lengths)
-    return data + bytes(max(0, loaded.kernarg_size - len(data)))
+    data += bytes(max(0, loaded.kernarg_size - len(data)))
+    return codeobject.fill_hidden(loaded.hidden, data, grid, block)

@@ -20,17 +20,26 @@ from .device import HsaDevice
 from .memory import HostLocks
 
 KERNARG_RING_BYTES = 256 << 10
+# On by default: a completion that never comes (a lost interrupt, a memory fault ROCr does not
+# report, work on a queue KFD keeps evicted) otherwise hangs its awaiters forever. It fails work
+# whose completion stays silent this long after it could start; pass watchdog_s=None for kernels
+# that run longer than this on their own (docs/rocr-model.md says why).
+DEFAULT_WATCHDOG_S = 60.0
 # Options that shape the emulated hardware; given to the real library they raise TypeError.
-EMULATOR_OPTIONS = frozenset({"gpus", "sdma_engines", "compute_units", "eager", "min_queue_size"})
+EMULATOR_OPTIONS = frozenset({"gpus", "sdma_engines", "xgmi_engines", "compute_units", "eager",
+                              "emulator_event_limit", "emulator_min_queue_size", "timeline_records",
+                              "engine_history_records"})
 
 
 class HsaRuntime(Runtime):
     """aiogpu over the HSA API: AMD GPUs through ROCr, or the in-process emulator.
 
-    Options beyond the core's: ``ring_size`` (AQL packets per queue ring), and, for the
-    emulator only, ``gpus``, ``sdma_engines`` (engines per emulated GPU), ``compute_units``,
-    ``eager`` (the packet processor reads a slot as soon as its header is valid) and
-    ``min_queue_size``.
+    Options beyond the core's: ``ring_size`` (AQL packets per queue ring, rounded up to a power
+    of two and clamped to what the agent accepts, as ROCr needs; ValueError if not positive), and, for the
+    emulator only, ``gpus``, ``sdma_engines`` and ``xgmi_engines`` (engines per emulated GPU),
+    ``compute_units``, ``eager`` (the packet processor reads a slot as soon as its header is
+    valid), ``emulator_event_limit``, ``emulator_min_queue_size``, ``timeline_records`` and
+    ``engine_history_records``. ``watchdog_s`` defaults to ``DEFAULT_WATCHDOG_S`` here.
     """
 
     backend = "hsa"
@@ -59,13 +68,11 @@ class HsaRuntime(Runtime):
                             f"given to the hsa backend (a real GPU)")
 
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
-                 watchdog_s: float | None = None, copy_engines: bool = True, spin_s: float = 0.0,
+                 watchdog_s: float | None = DEFAULT_WATCHDOG_S, copy_engines: bool = True, spin_s: float = 0.0,
                  **emulator_options: Any):
         self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
                                   copy_engines=copy_engines)
         _check_positive("ring_size", ring_size, int)
-        if ring_size & (ring_size - 1):
-            raise ValueError(f"ring_size must be a power of two (AQL queues are), got {ring_size}")
         name, reason = self._chosen
         self.api = loader.load(name, reason, **emulator_options)
         try:
@@ -83,22 +90,11 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks: list[int] = []
         self.host = HostLocks(self.api, self.all_agents)
         self.memory_faults: list[dict] = []
-        self._check_ring_size(ring)
         self._event_cb = T.system_event_callback_t(self._on_system_event)
         self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.hub.on_timeout = self._on_timeout
-
-    def _check_ring_size(self, ring: int) -> None:
-        """ValueError when a GPU agent's queues cannot have ``ring`` packets."""
-        for agent in self.gpu_agents():
-            lo, hi = ctypes.c_uint32(), ctypes.c_uint32()
-            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(lo))
-            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(hi))
-            if hi.value and not lo.value <= ring <= hi.value:
-                raise ValueError(f"ring_size {ring} is outside the queue sizes of {self.agent_name(agent)} "
-                                 f"({lo.value} to {hi.value} packets)")
 
     def _abandon(self) -> None:
         """A construction that failed part-way: stop the waiter and free what exists."""
@@ -211,7 +207,7 @@ class HsaRuntime(Runtime):
         for side in (op.dst, op.src):
             if side.host and side.ptr is None:
                 addr, n = side.obj.__array_interface__["data"][0], side.obj.nbytes
-                side.ptr = self.host.lock(addr, n)
+                side.ptr = self.host.lock(addr, n, side.obj)
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
 
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
@@ -280,21 +276,36 @@ class HsaRuntime(Runtime):
         return T.HSA_STATUS_SUCCESS
 
     def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """Fail the pending copies of that agent's engines that touch ``address``: an engine
-        reports a fault, then retires the aborted copy through its signal, so they are failed
-        here and retire as usual (a copy that touched the address but did not fault fails too:
-        its result cannot be told apart). A dispatch that faulted is failed by its queue's error
-        report, which follows the event."""
+        """A GPU memory fault on ``agent`` (waiter thread). ROCr reports it only through this
+        system event, never through a queue callback (Runtime::VMFaultHandler), and KFD has
+        evicted every queue of the process on that device, its SDMA queues included: nothing
+        pending there will complete. Work that completed before is settled as done; the rest
+        fails (what touched ``address`` is named as the cause), and so does work elsewhere that
+        depends on it. The device's compute queues are recreated; its SDMA engines, which ROCr
+        never recreates, are no longer used (its copies run as shader copies)."""
         with self.lock:
             self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
-            for fut in list(self.hub.pending_futures()):
-                dev = fut.device
-                if fut.done() or dev is None or dev.agent.handle != agent or ".sdma" not in (fut.queue or ""):
-                    continue
-                if any(_touches(k, address) for k in fut.keep):
-                    self.hub.fail(fut, GPUError(f"{fut.label}: memory fault at 0x{address:x} (reason "
-                                                f"0x{reason:x})", status=T.HSA_STATUS_ERROR_MEMORY_FAULT,
-                                                queue=fut.queue))
+            dev = next((d for d in self.devices if d.agent.handle == agent), None)
+            if dev is None:
+                return
+            status = T.HSA_STATUS_ERROR_MEMORY_FAULT
+            mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
+            self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
+            host_address = self.host.to_host(address)   # a locked array's agent address
+            for fut in mine:
+                if not fut.done() and any(_touches(k, address) or host_address is not None
+                                          and _touches(k, host_address) for k in fut.keep):
+                    self.hub.fail(fut, GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason "
+                                                f"0x{reason:x})", status=status, queue=fut.queue, packet=fut.packet))
+            evicted = GPUError(f"{dev.name}: the driver evicted the device's queues after a GPU memory fault at "
+                               f"0x{address:x} (reason 0x{reason:x})", status=status)
+            dev.engines.lose()
+            for fut in mine:
+                if not fut.retired and ".sdma" in (fut.queue or ""):
+                    self.hub.fail(fut, GPUError(f"{fut.label}: {evicted}", status=status, queue=fut.queue))
+                    self.hub.retire_failed(fut)
+            for queue in dev.queues:
+                queue.abort(evicted, -1)
 
     def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
         """A lost or stalled completion on a compute queue: abort that queue, so that what its
@@ -331,8 +342,9 @@ class HsaRuntime(Runtime):
             for dev in self.devices:
                 if dev.agent.handle == agent.handle:
                     lines.append(f"    queues: {', '.join(f'{q.name} (ring {q.size})' for q in dev.queues)}")
-                    engines = dev.engines.free_engines(agent, self._cpu)
-                    lines.append(f"    SDMA engines free: {len(engines)}" + (
+                    h2d = dev.engines.free_engines(agent, self._cpu)    # per direction (an agent
+                    d2h = dev.engines.free_engines(self._cpu, agent)    # with itself is invalid)
+                    lines.append(f"    SDMA engines free: host-to-device {len(h2d)}, device-to-host {len(d2h)}" + (
                         "" if api.has_engine_copy else " (library lacks engine calls: shader copies)"))
         return "\n".join(lines)
 

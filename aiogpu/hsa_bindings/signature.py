@@ -22,14 +22,24 @@ def _align(offset: int, alignment: int) -> int:
     return (offset + alignment - 1) // alignment * alignment
 
 
+# Emulated kernels' implicit arguments, after the hidden lengths (offsets relative to their
+# start, 8-aligned), with the value kinds and sizes of code object v5's: the dispatch geometry
+# that device code reads from the kernarg segment rather than from the packet.
+IMPLICIT_ARGS = tuple((f"hidden_{what}_{axis}", off + 4 * i if size == 4 else off + 2 * i, size)
+                      for what, off, size in (("block_count", 0, 4), ("group_size", 12, 2), ("remainder", 18, 2))
+                      for i, axis in enumerate("xyz")) + (("hidden_grid_dims", 24, 2),)
+IMPLICIT_SIZE = 26
+
+
 @dataclass(frozen=True)
 class KernargLayout:
     offsets: tuple[int, ...]          # explicit arguments
     hidden_length_offsets: tuple[int, ...]  # one per pointer argument (emulated kernels)
     size: int
+    implicit: tuple[tuple[str, int, int], ...] = ()  # (value kind, offset, size) (emulated kernels)
 
     @classmethod
-    def of(cls, args: tuple[Arg, ...], *, hidden_lengths: bool) -> "KernargLayout":
+    def of(cls, args: tuple[Arg, ...], *, hidden_lengths: bool, implicit: bool = False) -> "KernargLayout":
         offsets, off = [], 0
         for a in args:
             off = _align(off, a.size)
@@ -42,7 +52,12 @@ class KernargLayout:
                     off = _align(off, 8)
                     hidden.append(off)
                     off += 8
-        return cls(tuple(offsets), tuple(hidden), max(_align(off, KERNARG_ALIGN), KERNARG_ALIGN))
+        extra: tuple = ()
+        if implicit:
+            off = _align(off, 8)
+            extra = tuple((kind, off + rel, size) for kind, rel, size in IMPLICIT_ARGS)
+            off += IMPLICIT_SIZE
+        return cls(tuple(offsets), tuple(hidden), max(_align(off, KERNARG_ALIGN), KERNARG_ALIGN), extra)
 
 
 def pack(args: tuple[Arg, ...], layout: KernargLayout, values, lengths=()) -> bytes:

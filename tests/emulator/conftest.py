@@ -19,6 +19,7 @@ def make_hsa():
     for h in made:
         h.close()
         assert not h.emu.api_errors, [e.traceback for e in h.emu.api_errors]
+        assert not h.emu.kernarg_mismatches, h.emu.kernarg_mismatches
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from aiogpu.hsa_bindings import atomics, emulated_code, packets, signature
+from aiogpu.hsa_bindings import atomics, codeobject, emulated_code, packets, signature
 from aiogpu.hsa_bindings import types as T
 from aiogpu.hsa_bindings.loader import make_emulator
 
@@ -37,6 +37,7 @@ class Hsa:
         self.kernarg_pool, self.system_pool = self._pools(self.cpu)
         self.device_pools = [self._pools(g)[0] for g in self.gpus]
         self.queues: list = []
+        self.kernarg_blocks: set[int] = set()
         self.errors: list[tuple[int, int]] = []  # (status, queue id) from queue callbacks
         self._callbacks = []
         self._keep = []
@@ -159,17 +160,27 @@ class Kernel:
     args: tuple
     executable: object
 
+    @property
+    def layout(self):
+        return signature.KernargLayout.of(self.args, hidden_lengths=True, implicit=True)
+
     def kernargs(self, values, lengths=()) -> int:
-        """Kernarg memory in the KERNARG_INIT pool, filled with ``signature.pack``."""
-        layout = signature.KernargLayout.of(self.args, hidden_lengths=True)
-        data = signature.pack(self.args, layout, values, lengths)
+        """Kernarg memory in the KERNARG_INIT pool, filled with ``signature.pack``; ``packet``
+        writes the hidden geometry arguments when the dispatch is made."""
+        data = signature.pack(self.args, self.layout, values, lengths)
         assert len(data) == self.kernarg_size
         address = self.hsa.alloc(self.hsa.kernarg_pool, len(data))
         ctypes.memmove(address, data, len(data))
+        self.hsa.kernarg_blocks.add(address)
         return address
 
     def packet(self, grid, block, kernarg: int, signal=None, *, barrier: bool = False) -> tuple[int, bytes]:
-        """(header | setup << 16, the 64 packet bytes) of a dispatch."""
+        """(header | setup << 16, the 64 packet bytes) of a dispatch (and, in kernarg memory from
+        ``kernargs``, its hidden geometry arguments, as a runtime fills them)."""
+        if kernarg in self.hsa.kernarg_blocks:
+            hidden = tuple(codeobject.HiddenArg(kind, off, size) for kind, off, size in self.layout.implicit)
+            data = codeobject.fill_hidden(hidden, ctypes.string_at(kernarg, self.kernarg_size), grid, block)
+            ctypes.memmove(kernarg, data, len(data))
         p = packets.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
         grid, block = tuple(grid) + (1,) * (3 - dims), tuple(block) + (1,) * (3 - dims)

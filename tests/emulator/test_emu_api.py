@@ -39,7 +39,7 @@ def test_iterate_agents_honours_info_break(hsa):
 
 
 def test_gpu_agent_info_values(make_hsa):
-    h = make_hsa(compute_units=3, min_queue_size=8)
+    h = make_hsa(compute_units=3, emulator_min_queue_size=8)
     gpu, api = h.gpus[0], h.api
 
     def get(attr, ctype):
@@ -129,12 +129,27 @@ def test_not_initialised_and_refcounted_init():
     assert api.hsa_shut_down() == T.HSA_STATUS_ERROR_NOT_INITIALIZED
 
 
-@pytest.mark.parametrize("size", [0, 2, 6, 262144])
-def test_queue_create_rejects_bad_sizes(hsa, size):
+@pytest.mark.parametrize("size,status", [
+    (0, T.HSA_STATUS_ERROR_INVALID_ARGUMENT), (2, T.HSA_STATUS_ERROR_INVALID_ARGUMENT),
+    (4, T.HSA_STATUS_ERROR_INVALID_ARGUMENT), (32, T.HSA_STATUS_ERROR_INVALID_ARGUMENT),
+    (96, T.HSA_STATUS_ERROR_INVALID_ARGUMENT), (262144, T.HSA_STATUS_ERROR_OUT_OF_RESOURCES)])
+def test_queue_create_rejects_sizes_as_rocr_does(hsa, size, status):
+    """ROCr (GpuAgent::QueueCreate): not a power of two or below 64 packets is INVALID_ARGUMENT,
+    above 0x20000 OUT_OF_RESOURCES; the agent reports those limits."""
     q = ctypes.POINTER(T.hsa_queue_t)()
-    status = hsa.api.hsa_queue_create(hsa.gpus[0], size, T.HSA_QUEUE_TYPE_MULTI, T.queue_error_callback_t(), None,
-                                      0, 0, ctypes.byref(q))
-    assert status == T.HSA_STATUS_ERROR_INVALID_ARGUMENT
+    got = hsa.api.hsa_queue_create(hsa.gpus[0], size, T.HSA_QUEUE_TYPE_MULTI, T.queue_error_callback_t(), None,
+                                   0, 0, ctypes.byref(q))
+    assert got == status
+    limit = ctypes.c_uint32()
+    ok(hsa.api.hsa_agent_get_info(hsa.gpus[0], T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(limit)))
+    assert limit.value == 64
+
+
+def test_tiny_rings_need_the_emulator_only_option(make_hsa):
+    h = make_hsa(emulator_min_queue_size=4)
+    assert h.queue(0, size=4).size == 4
+    with pytest.raises(ValueError):
+        make_hsa(emulator_min_queue_size=3)
 
 
 def test_queue_create_on_cpu_agent_fails(hsa):
@@ -146,10 +161,10 @@ def test_queue_create_on_cpu_agent_fails(hsa):
 
 def test_queue_layout_is_amd_queue_t(hsa):
     from aiogpu.hsa_bindings import packets
-    q = hsa.queue(0, size=16)
+    q = hsa.queue(0, size=64)
     base = ctypes.cast(q.ptr, ctypes.c_void_p).value
-    assert q.size == 16 and q.base % 4096 == 0
-    assert all(ctypes.c_uint16.from_address(q.slot(i)).value == packets.INVALID_HEADER for i in range(16))
+    assert q.size == 64 and q.base % 4096 == 0
+    assert all(ctypes.c_uint16.from_address(q.slot(i)).value == packets.INVALID_HEADER for i in range(64))
     ok(hsa.api.hsa_amd_queue_set_priority(q.ptr, T.HSA_AMD_QUEUE_PRIORITY_NORMAL))
     # write index at offset 56, read index at offset 128 (amd_hsa_queue.h)
     assert hsa.api.hsa_queue_add_write_index_scacq_screl(q.ptr, 3) == 0

@@ -13,7 +13,8 @@ from aiogpu.hsa_bindings import types as T
 from emu_helpers import barrier_packet, ok, saxpy_body
 
 
-def test_ring_of_four_slots_takes_1000_packets(hsa):
+def test_ring_of_four_slots_takes_1000_packets(make_hsa):
+    hsa = make_hsa(emulator_min_queue_size=4)
     q, done = hsa.queue(0, size=4), hsa.signal(1000)
     assert q.size == 4
     for _ in range(1000):
@@ -24,8 +25,9 @@ def test_ring_of_four_slots_takes_1000_packets(hsa):
     assert not hsa.errors
 
 
-def test_many_producers_one_queue(hsa):
+def test_many_producers_one_queue(make_hsa):
     """Multi-producer: slots are published out of order; the processor still takes them in order."""
+    hsa = make_hsa(emulator_min_queue_size=16)
     q, done = hsa.queue(0, size=16), hsa.signal(800)
 
     def produce():
@@ -214,8 +216,10 @@ def test_body_exception_fails_the_queue(hsa):
     assert "boom" in hsa.emu.queue_errors[0].detail and hsa.value(done) == 1
 
 
-def test_queue_error_waits_for_earlier_packets_to_retire(make_hsa):
-    """When the callback runs, the read index already names the failing packet."""
+def test_queue_error_waits_for_earlier_packets_to_complete(make_hsa):
+    """When the callback runs, every earlier packet has completed and decremented its signal
+    (the CP writes the signal as the packet completes); the read index, which advances as
+    dispatches launch, is already past the failing dispatch."""
     hsa = make_hsa(compute_units=2)
     seen = []
 
@@ -227,20 +231,40 @@ def test_queue_error_waits_for_earlier_packets_to_retire(make_hsa):
 
     ks, kb = hsa.load_kernel(0, "slow", "u8*", slow), hsa.load_kernel(0, "boom", "u8*", boom)
     buf = hsa.device_alloc(0, 64)
+    done = hsa.signal(1)
 
     @T.queue_error_callback_t
     def on_error(status, queue, _data):
-        seen.append((status, hsa.api.hsa_queue_load_read_index_scacquire(queue)))
+        seen.append((status, hsa.api.hsa_queue_load_read_index_scacquire(queue), hsa.value(done)))
 
     qp = ctypes.POINTER(T.hsa_queue_t)()
-    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 16, 0, on_error, None, 0, 0, ctypes.byref(qp)))
+    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 64, 0, on_error, None, 0, 0, ctypes.byref(qp)))
     from emu_helpers import AqlWriter
-    q, done = AqlWriter(hsa.api, qp), hsa.signal(1)
+    q = AqlWriter(hsa.api, qp)
     q.submit(ks.packet((1,), (1,), ks.kernargs([buf], [64]), done))
     failing = q.submit(kb.packet((1,), (1,), kb.kernargs([buf], [64])))
     deadline = time.monotonic() + 5
     while not seen and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert seen == [(T.HSA_STATUS_ERROR_EXCEPTION, failing)]
-    assert hsa.value(done) == 0
+    assert seen == [(T.HSA_STATUS_ERROR_EXCEPTION, failing + 1, 0)]
     q.destroy()
+
+
+def test_read_index_advances_when_a_dispatch_launches(make_hsa):
+    """ROCr/CP: the read index moves past a dispatch when it is launched, not when it completes;
+    a ring's slots are reused while earlier dispatches still run."""
+    hsa = make_hsa()
+    gate = threading.Event()
+    k = hsa.load_kernel(0, "held", "u8*", lambda launch, buf: gate.wait(10))
+    buf = hsa.device_alloc(0, 64)
+    q, held, done = hsa.queue(0, size=64), hsa.signal(1), hsa.signal(64)
+    q.submit(k.packet((1,), (1,), k.kernargs([buf], [64]), held))
+    deadline = time.monotonic() + 5
+    while q.read_index() < 1 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert q.read_index() == 1 and hsa.value(held) == 1  # launched, still running
+    for _ in range(64):  # wraps onto slot 0 while the dispatch in it runs on
+        q.submit(barrier_packet([], done))
+    assert hsa.wait_zero(done) and hsa.value(held) == 1 and q.read_index() == 65
+    gate.set()
+    assert hsa.wait_zero(held) and q.overruns == 0 and not hsa.errors

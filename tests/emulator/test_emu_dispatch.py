@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from aiogpu.hsa_bindings import packets
+from aiogpu.hsa_bindings import packets, signature
 from aiogpu.hsa_bindings import types as T
 
 from emu_helpers import barrier_packet, ok, saxpy_body
@@ -25,7 +25,7 @@ def make_saxpy(hsa, gpu, n, a=2.0):
 def test_saxpy_matches_numpy_reference(hsa):
     n = 10_000
     k, x, y, xs, ys, args = make_saxpy(hsa, 0, n)
-    assert k.kernarg_size == 48  # 8 + 8 + 4 + 4, two hidden u64 lengths, rounded to 16
+    assert k.kernarg_size == 80  # 8 + 8 + 4 + 4, two hidden u64 lengths, 26 bytes of geometry, to 16
     q, done = hsa.queue(0), hsa.signal(1)
     index = q.reserve()
     q.publish(index, k.packet((n,), (256,), args, done))
@@ -191,3 +191,32 @@ def test_profiling_timestamps(hsa):
     assert t.start < t.end <= now.value
     record = hsa.emu.timeline.records(kind="dispatch")[0]
     assert (record.start_ns, record.end_ns, record.name) == (t.start, t.end, "sleep")
+
+
+def test_body_sees_the_geometry_of_the_hidden_arguments(hsa):
+    """Emulated kernels read their geometry from the hidden (code object v5) arguments, as device
+    code does: left zero, the body sees no grid at all, and the mismatch is recorded."""
+    seen = []
+    k = hsa.load_kernel(0, "geo", "u8*", lambda launch, buf: seen.append((launch.grid, launch.block)))
+    buf = hsa.device_alloc(0, 64)
+    raw = hsa.alloc(hsa.kernarg_pool, k.kernarg_size)     # not from k.kernargs: hidden arguments stay 0
+    ctypes.memmove(raw, signature.pack(k.args, k.layout, [buf], [64]), k.kernarg_size)
+    q, done = hsa.queue(0), hsa.signal(2)
+    q.submit(k.packet((100, 3), (32, 1), raw, done))
+    q.submit(k.packet((100, 3), (32, 1), k.kernargs([buf], [64]), done))
+    assert hsa.wait_zero(done)
+    assert seen == [((), ()), ((100, 3), (32, 1))]
+    assert len(hsa.emu.kernarg_mismatches) == 1
+    hsa.emu.kernarg_mismatches.clear()
+
+
+def test_misaligned_kernarg_segment_fails_the_dispatch(hsa):
+    k = hsa.load_kernel(0, "noop", "u32", lambda launch, n: None)
+    args = k.kernargs([1])
+    data = ctypes.string_at(args, k.kernarg_size)
+    moved = hsa.alloc(hsa.kernarg_pool, k.kernarg_size + 64) + 8   # 8-byte aligned only
+    ctypes.memmove(moved, data, k.kernarg_size)
+    q = hsa.queue(0)
+    q.submit(k.packet((1,), (1,), moved))
+    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_INVALID_ARGUMENT, q.id)]
+    assert "not aligned" in hsa.emu.queue_errors[0].detail

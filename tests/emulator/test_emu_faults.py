@@ -39,21 +39,65 @@ def test_queue_error_counts_only_the_chosen_agent(hsa):
     assert hsa.value(s1[0]) == 0 and hsa.value(s1[1]) == 1
 
 
-def test_memory_fault_at_kth_packet(hsa):
+def register_events(hsa, result=0):
+    """A system event handler recording (type, agent handle, address, reason mask)."""
     events = []
 
     @T.system_event_callback_t
     def handler(event, _data):
-        events.append((event.contents.event_type, event.contents.memory_fault.agent.handle))
-        return 0
+        e = event.contents
+        events.append((e.event_type, e.memory_fault.agent.handle, e.memory_fault.virtual_address,
+                       e.memory_fault.fault_reason_mask))
+        return result
 
+    hsa._keep.append(handler)
     ok(hsa.api.hsa_amd_register_system_event_handler(handler, None))
-    hsa.emu.faults.memory_fault_at(2)
-    q = hsa.queue(1)
-    _, signals = submit_barriers(hsa, q, 2)
-    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
-    assert events == [(T.HSA_AMD_GPU_MEMORY_FAULT_EVENT, hsa.gpus[1].handle)]
+    return events
+
+
+def wait_events(events, count=1, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while len(events) < count and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return events
+
+
+def test_memory_fault_evicts_the_device_and_is_only_a_system_event(hsa):
+    """KFD evicts every queue of the process on the faulting device and ROCr reports the fault
+    through the system event handler (Runtime::VMFaultHandler), not the queue callback."""
+    events = register_events(hsa)
+    q1, other, q0 = hsa.queue(1), hsa.queue(1), hsa.queue(0)
+    gate, blocked = hsa.signal(1), hsa.signal(1)
+    other.submit(barrier_packet([gate], blocked))            # waits on the gate, on the same GPU
+    k = hsa.load_kernel(1, "touch", "u8*", lambda launch, buf: buf.fill(1))
+    buf = hsa.device_alloc(1, 64)
+    args = k.kernargs([buf], [64])
+    hsa.free(buf)
+    signals = [hsa.signal(1), hsa.signal(1)]
+    q1.submit(barrier_packet([], signals[0]))
+    q1.submit(k.packet((1,), (1,), args, signals[1]))        # faults: use after free
+    assert [e[:2] for e in wait_events(events)] == [(T.HSA_AMD_GPU_MEMORY_FAULT_EVENT, hsa.gpus[1].handle)]
+    hsa.api.hsa_signal_store_screlease(gate, 0)
+    _, fine = submit_barriers(hsa, q0, 1)                   # GPU 0 is not affected
+    assert hsa.wait_zero(fine[0])
+    time.sleep(0.03)
     assert hsa.value(signals[0]) == 0 and hsa.value(signals[1]) == 1
+    assert hsa.value(blocked) == 1, "a queue of the faulted device went on running"
+    assert not hsa.errors and not hsa.emu.queue_errors       # no queue error callback
+    assert hsa.emu.memory_faults[0].handled
+    new = hsa.queue(1)                                       # not modelled: KFD would create it evicted
+    _, later = submit_barriers(hsa, new, 1)
+    assert hsa.wait_zero(later[0])
+
+
+def test_unhandled_memory_fault_is_what_rocr_aborts_on(hsa):
+    register_events(hsa, result=T.HSA_STATUS_ERROR)
+    hsa.emu.faults.memory_fault_at(1)
+    submit_barriers(hsa, hsa.queue(0), 1)
+    deadline = time.monotonic() + 5
+    while not hsa.emu.memory_faults and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert [f.handled for f in hsa.emu.memory_faults] == [False]
 
 
 def test_lose_completion_at(hsa):
@@ -109,34 +153,26 @@ def test_bad_fault_arguments():
 
 
 def test_kernel_touching_freed_memory_is_a_memory_fault_event(hsa):
-    events = []
-
-    @T.system_event_callback_t
-    def handler(event, _data):
-        e = event.contents
-        events.append((e.memory_fault.agent.handle, e.memory_fault.virtual_address,
-                       e.memory_fault.fault_reason_mask))
-        return 0
-
-    ok(hsa.api.hsa_amd_register_system_event_handler(handler, None))
+    events = register_events(hsa)
     k = hsa.load_kernel(0, "touch", "u8*", lambda launch, buf: buf.fill(1))
     buf = hsa.device_alloc(0, 4096)
     args = k.kernargs([buf], [4096])
     hsa.free(buf)
     q, done = hsa.queue(0), hsa.signal(1)
     q.submit(k.packet((1,), (1,), args, done))
-    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
-    assert events == [(hsa.gpus[0].handle, buf, T.HSA_AMD_MEMORY_FAULT_PAGE_NOT_PRESENT)]
+    assert wait_events(events) == [(T.HSA_AMD_GPU_MEMORY_FAULT_EVENT, hsa.gpus[0].handle, buf,
+                                    T.HSA_AMD_MEMORY_FAULT_PAGE_NOT_PRESENT)]
     assert "use after free" in hsa.emu.memory_faults[0].reason
-    assert hsa.value(done) == 1
+    assert hsa.value(done) == 1 and not hsa.errors
 
 
 def test_peer_gpu_needs_allow_access(hsa):
+    events = register_events(hsa)
     k = hsa.load_kernel(1, "read", "const u8*", lambda launch, buf: int(buf.sum()))
     mine = hsa.device_alloc(0, 4096)
     q, done = hsa.queue(1), hsa.signal(1)
     q.submit(k.packet((1,), (1,), k.kernargs([mine], [4096]), done))
-    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
+    assert [e[1:3] for e in wait_events(events)] == [(hsa.gpus[1].handle, mine)]
     assert "allow_access" in hsa.emu.memory_faults[0].reason
     hsa.allow(mine, 1)
     q2, done2 = hsa.queue(1), hsa.signal(1)
@@ -145,7 +181,9 @@ def test_peer_gpu_needs_allow_access(hsa):
 
 
 def test_kernarg_segment_out_of_reach_is_a_memory_fault(hsa):
+    events = register_events(hsa)
     k = hsa.load_kernel(0, "noop", "u32", lambda launch, n: None)
     q = hsa.queue(0)
     q.submit(k.packet((1,), (1,), 0x1000))
-    assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_MEMORY_FAULT, q.id)]
+    assert [e[1:3] for e in wait_events(events)] == [(hsa.gpus[0].handle, 0x1000)]
+    assert not hsa.errors

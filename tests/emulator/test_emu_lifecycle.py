@@ -72,7 +72,7 @@ def test_destroy_queue_from_its_error_callback(hsa):
         destroyed.append(hsa.api.hsa_queue_destroy(queue))
 
     qp = ctypes.POINTER(T.hsa_queue_t)()
-    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 16, 0, on_error, None, 0, 0, ctypes.byref(qp)))
+    ok(hsa.api.hsa_queue_create(hsa.gpus[0], 64, 0, on_error, None, 0, 0, ctypes.byref(qp)))
     from emu_helpers import AqlWriter
     empty_dispatch = packets.make_header(packets.HSA_PACKET_TYPE_KERNEL_DISPATCH) | 1 << 16, bytes(64)
     AqlWriter(hsa.api, qp).submit(empty_dispatch)  # grid 0: fails
@@ -111,3 +111,27 @@ def test_executable_symbols_and_destroy(hsa):
     q = hsa.queue(0)
     q.submit(k.packet((1,), (1,), k.kernargs([buf, buf, 1.0, 1], [64, 64])))  # a dangling kernel object
     assert hsa.wait_errors() == [(T.HSA_STATUS_ERROR_INVALID_CODE_OBJECT, q.id)]
+
+
+def test_timeline_and_engine_history_are_bounded(make_hsa):
+    """Issue 13.20: a long-running emulator keeps the newest records only, and totals."""
+    hsa = make_hsa(timeline_records=100, engine_history_records=8)
+    q, done = hsa.queue(0), hsa.signal(300)
+    for _ in range(300):
+        q.submit(barrier_packet([], done))
+    assert hsa.wait_zero(done, timeout=20)
+    a, b = hsa.alloc(hsa.system_pool, 64), hsa.device_alloc(0, 64)
+    copies = hsa.signal(40)
+    for _ in range(40):
+        ok(hsa.api.hsa_amd_memory_async_copy(b, hsa.gpus[0], a, hsa.cpu, 64, 0, None, copies))
+    assert hsa.wait_zero(copies)
+    timeline = hsa.emu.timeline
+    deadline = time.monotonic() + 5
+    while timeline.total < 340 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(timeline) == 100 and timeline.total == 340 and timeline.dropped == 240
+    assert timeline.counts == {"barrier": 300, "copy": 40}
+    assert max(r.end_ns for r in timeline) == max(r.end_ns for r in timeline.records())  # newest kept
+    history = hsa.emu.engine_history(0)
+    assert all(len(h) <= 8 for h in history) and sum(len(h) for h in history) <= 16
+    assert sum(hsa.emu.engine_outcomes(0).values()) == 40

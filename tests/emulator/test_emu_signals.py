@@ -72,8 +72,8 @@ def test_wait_any_times_out_with_uint32_max_without_burning_cpu(hsa):
 
 def test_wait_blocks_until_another_thread_changes_the_value(hsa):
     s = hsa.signal(1)
+    t0 = time.monotonic()  # before the timer starts: a descheduled test thread cannot shorten the wait
     threading.Timer(0.05, lambda: hsa.api.hsa_signal_subtract_relaxed(s, 1)).start()
-    t0 = time.monotonic()
     got = hsa.api.hsa_signal_wait_scacquire(s, T.HSA_SIGNAL_CONDITION_LT, 1, UINT64_MAX, T.HSA_WAIT_STATE_BLOCKED)
     assert got == 0 and time.monotonic() - t0 >= 0.04
     # timeout: returns the current value
@@ -90,7 +90,8 @@ def test_destroy_wakes_waiters(hsa):
     assert waiter.is_alive()
     ok(hsa.api.hsa_signal_destroy(b))
     waiter.join(2)
-    assert not waiter.is_alive() and result[0][0] == 1
+    assert not waiter.is_alive() and result[0][0] == UINT32_MAX  # ROCr: Signal::WaitAny, !IsValid()
+    assert wait_any(hsa, [a, b], [T.HSA_SIGNAL_CONDITION_EQ] * 2, [0, 0], 0)[0] == UINT32_MAX
 
 
 def test_many_waiters_on_one_signal(hsa):
@@ -104,3 +105,51 @@ def test_many_waiters_on_one_signal(hsa):
     for t in threads:
         t.join(2)
     assert done == [True] * 8
+
+
+def amd_signal(hsa, attributes=0, consumers=()):
+    s = T.hsa_signal_t()
+    arr = (T.hsa_agent_t * len(consumers))(*consumers) if consumers else None
+    status = hsa.api.hsa_amd_signal_create(1, len(consumers), arr, attributes, ctypes.byref(s))
+    return status, s
+
+
+def has_event(signal) -> bool:
+    sig = T.amd_signal_t.from_address(signal.handle)
+    return sig.event_id != 0 and sig.event_mailbox_ptr != 0
+
+
+def test_interrupt_events_follow_the_attributes(hsa):
+    """ROCr (hsa_amd_signal_create): hsa_signal_create gives an interrupt signal with a KFD
+    event; AMD_GPU_ONLY, IPC and consumer lists without the CPU give busy-wait signals."""
+    assert has_event(hsa.signal(1))
+    for attributes, consumers, expected in [(T.HSA_AMD_SIGNAL_AMD_GPU_ONLY, (), False),
+                                            (T.HSA_AMD_SIGNAL_IPC, (), False),
+                                            (0, (hsa.gpus[0],), False),
+                                            (0, (hsa.gpus[0], hsa.cpu), True),
+                                            (0, (), True)]:
+        status, s = amd_signal(hsa, attributes, consumers)
+        ok(status)
+        assert has_event(s) == expected, (attributes, consumers)
+    assert amd_signal(hsa, 0, (hsa.cpu, hsa.cpu))[0] == T.HSA_STATUS_ERROR_INVALID_ARGUMENT
+
+
+def test_kfd_event_limit_gives_signals_without_events(make_hsa):
+    """KFD limits a process's signal events; past it ROCr still creates the signal, without
+    an event, and a wait on it spins (counted as a busy wait)."""
+    hsa = make_hsa(emulator_event_limit=16)
+    stats = hsa.emu.signal_stats()
+    assert stats["events_in_use"] == 2 and stats["event_limit"] == 16   # ROCr's own two
+    signals = [hsa.signal(1) for _ in range(20)]
+    assert [has_event(s) for s in signals] == [True] * 14 + [False] * 6
+    wait_any(hsa, signals[:2], [T.HSA_SIGNAL_CONDITION_EQ] * 2, [0, 0], 0)
+    assert hsa.emu.signal_stats()["busy_waits"] == 0
+    wait_any(hsa, signals[-2:], [T.HSA_SIGNAL_CONDITION_EQ] * 2, [0, 0], 0)
+    stats = hsa.emu.signal_stats()
+    assert stats["busy_waits"] == 1 and stats["wait_calls"] == 2 and stats["events_peak"] == 16
+    ok(hsa.api.hsa_signal_destroy(signals[0]))
+    ok(hsa.api.hsa_signal_destroy(signals[1]))
+    assert hsa.emu.signal_stats()["events_in_use"] == 14
+    assert has_event(hsa.signal(1))                                     # a freed event is reused
+    hsa.queue(0)                                                        # an AQL queue takes one too
+    assert hsa.emu.signal_stats()["events_in_use"] == 16

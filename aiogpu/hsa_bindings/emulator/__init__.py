@@ -20,7 +20,9 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the copies each SDMA engine ran), ``gpu_agent(i)``.
+  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
+  ``locked_ranges()``, ``signal_stats()``, ``kernarg_mismatches`` (dispatches whose hidden
+  geometry arguments, which the body sees, disagree with the packet).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import numpy as np
 from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
-from .agents import QUEUE_MAX_SIZE, Agent, AgentTable, StatusStrings, agent_info, system_info
+from .agents import QUEUE_MAX_SIZE, QUEUE_MIN_SIZE, Agent, AgentTable, StatusStrings, agent_info, system_info
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
@@ -46,9 +48,9 @@ from .faults import FaultInjector, FaultRecord
 from .memory import MemoryFault, MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
-from .sdma import CopyEngines, CopyRecord
-from .signals import Signal, SignalTable, timeout_seconds
-from .timeline import Timeline, TimelineRecord
+from .sdma import HISTORY_RECORDS, MAX_XGMI_ENGINES, CopyEngines, CopyRecord
+from .signals import EVENT_LIMIT, Signal, SignalTable, timeout_seconds
+from .timeline import DEFAULT_CAPACITY, Timeline, TimelineRecord
 
 __all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
            "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord"]
@@ -94,10 +96,18 @@ def hsa_function(method: Callable) -> Callable:
 class _State:
     """What hsa_init builds and hsa_shut_down tears down."""
 
-    def __init__(self, ctx: Context, copies_per_gpu: int) -> None:
+    def __init__(self, ctx: Context, copies: CopyEngines) -> None:
         self.ctx = ctx
         self.queues = QueueTable()
-        self.copies = CopyEngines(ctx, copies_per_gpu)
+        self.copies = copies
+
+    def evict(self, gpu: int) -> None:
+        """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
+        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``)."""
+        for q in self.queues.all():
+            if q.agent.gpu == gpu:
+                q.processor.evict()
+        self.copies.evict(gpu)
 
     def close(self) -> None:
         """Stop and join every thread, then release signals, queue memory and allocations."""
@@ -118,25 +128,42 @@ class _State:
 class EmulatedLibrary:
     """The emulated HSA library with ``gpus`` GPU agents (plus the CPU agent).
 
-    Options: ``sdma_engines`` per GPU (0..16), ``compute_units`` worker threads per GPU (how many
-    dispatches overlap), ``eager`` packet processor from the start, ``min_queue_size`` (a power of
-    two; HSA_AGENT_INFO_QUEUE_MIN_SIZE).
+    Options: ``sdma_engines`` per GPU (ROCr's NumSdmaEngines: 0..2; 0 models SDMA disabled, as
+    with HSA_ENABLE_SDMA=0), ``xgmi_engines`` per GPU (NumSdmaXgmiEngines, 0..14; with any, all
+    GPUs form one xGMI hive), ``compute_units`` worker threads per GPU (how many dispatches
+    overlap), ``eager`` packet processor from the start.
+
+    Emulator-only (no ROCr equivalent; for tests): ``emulator_min_queue_size`` lowers
+    HSA_AGENT_INFO_QUEUE_MIN_SIZE below ROCr's 64 packets (a power of two), so tests can exercise
+    tiny rings; ``emulator_event_limit`` lowers KFD's limit of 4,096 signal events per process
+    (``signal_stats()`` reports events in use and how often ROCr would have spun in a wait).
+    Records kept for tests are bounded: ``timeline_records`` (the newest timeline
+    records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
-    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, compute_units: int = 4, eager: bool = False,
-                 min_queue_size: int = 4) -> None:
-        if gpus < 0 or not 0 <= sdma_engines <= T.MAX_SDMA_ENGINES or compute_units < 1:
-            raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 16 and compute_units >= 1")
-        if min_queue_size < 1 or min_queue_size & (min_queue_size - 1) or min_queue_size > QUEUE_MAX_SIZE:
-            raise ValueError(f"min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
+    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, xgmi_engines: int = 0, compute_units: int = 4,
+                 eager: bool = False, emulator_event_limit: int = EVENT_LIMIT,
+                 emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
+                 engine_history_records: int = HISTORY_RECORDS) -> None:
+        if gpus < 0 or not 0 <= sdma_engines <= 2 or not 0 <= xgmi_engines <= MAX_XGMI_ENGINES or compute_units < 1:
+            raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 2, 0 <= xgmi_engines <= 14 and compute_units >= 1")
+        size = emulator_min_queue_size
+        if size < 1 or size & (size - 1) or size > QUEUE_MAX_SIZE:
+            raise ValueError(f"emulator_min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
         self.gpus, self.sdma_engines, self.compute_units = gpus, sdma_engines, compute_units
-        self.min_queue_size = min_queue_size
+        self.xgmi_engines = xgmi_engines
+        self.min_queue_size = size
+        if emulator_event_limit < 8:
+            raise ValueError("emulator_event_limit must leave room for ROCr's own events (>= 8)")
+        self.event_limit = emulator_event_limit
         self.name = f"aiogpu-emu{next(_serials)}"
         self.api_errors: list[ApiError] = []
         self.queue_errors: list[QueueErrorRecord] = []
         self.memory_faults: list[MemoryFaultRecord] = []
+        self.kernarg_mismatches: list[str] = []  # dispatches whose hidden geometry disagreed with the packet
         self.faults = FaultInjector(eager=eager)
-        self.timeline = Timeline()
+        self.timeline = Timeline(timeline_records)
+        self.engine_history_records = max(1, engine_history_records)
         self.faults.set_change_hook(self._wake_processors)
         self._state: _State | None = None
         self._init_count = 0
@@ -152,12 +179,35 @@ class EmulatedLibrary:
             agent = ctx.agents.get(agent.handle).gpu
         return ctx.memory.resolve(agent, address, nbytes, write)
 
+    def locked_ranges(self) -> list[tuple[int, int, int, int]]:
+        """(host address, size, agent address, lock count) of every hsa_amd_memory_lock registration."""
+        return self._ctx().memory.locked()
+
     def gpu_agent(self, index: int) -> T.hsa_agent_t:
         return T.hsa_agent_t(self._ctx().agents.gpus[index].handle)
 
     def engine_history(self, gpu: int) -> list[list[CopyRecord]]:
-        """Per SDMA engine of GPU ``gpu``, the copies it ran, in order."""
+        """Per engine of GPU ``gpu`` (ROCr's blits at engine offsets 1, 2, 3...: host-to-device,
+        device-to-host, xGMI...), the newest copies it ran, in order."""
         return [list(e.history) for e in self._require_state().copies.engines[gpu]]
+
+    def engine_outcomes(self, gpu: int) -> dict[str, int]:
+        """How many copies the blits of GPU ``gpu`` (SDMA queues and blit kernels) ran, by
+        outcome, since hsa_init."""
+        total: dict[str, int] = {}
+        for engine in self._require_state().copies.blits[gpu]:
+            for outcome, count in engine.outcomes.items():
+                total[outcome] = total.get(outcome, 0) + count
+        return total
+
+    def signal_stats(self) -> dict[str, int]:
+        """KFD signal events (``events_in_use``, ``events_peak``, ``event_limit``) and what ROCr's
+        waits would have done: ``wait_calls`` (each spins up to 200 us), ``busy_waits`` (waits
+        that would spin throughout: ACTIVE hint or a signal without an event) and
+        ``max_wait_signals`` (the most signals in one wait)."""
+        table = self._ctx().signals
+        return {**table.stats, "events_in_use": table.events.in_use, "events_peak": table.events.peak,
+                "event_limit": table.events.limit}
 
     @property
     def initialized(self) -> bool:
@@ -259,13 +309,17 @@ class EmulatedLibrary:
     # ---- signals -----------------------------------------------------------------------------
     @hsa_function
     def hsa_signal_create(self, initial_value: int, num_consumers: int, consumers: Any, signal: Any) -> int:
-        return self._create_signal(initial_value, num_consumers, consumers, signal)
+        """ROCr: hsa_amd_signal_create with no attributes (an interrupt signal, see signals)."""
+        return self._create_signal(initial_value, num_consumers, consumers, 0, signal)
 
     @hsa_function
     def hsa_amd_signal_create(self, initial_value: int, num_consumers: int, consumers: Any, attributes: int,
                               signal: Any) -> int:
-        """Attributes (AMD_GPU_ONLY, IPC, ...) are accepted; every emulated signal is host-visible."""
-        return self._create_signal(initial_value, num_consumers, consumers, signal)
+        """ROCr (hsa_ext_amd.cpp): AMD_GPU_ONLY or IPC, or consumers that do not include the CPU,
+        make a busy-wait signal without an interrupt event; otherwise an interrupt signal (with a
+        KFD event while any is left). Duplicate consumers are INVALID_ARGUMENT. Every emulated
+        signal's value is host-visible memory."""
+        return self._create_signal(initial_value, num_consumers, consumers, attributes, signal)
 
     @hsa_function
     def hsa_signal_destroy(self, signal: T.hsa_signal_t) -> int:
@@ -309,20 +363,26 @@ class EmulatedLibrary:
                                   timeout_hint: int, wait_state_hint: int) -> int:
         """Blocks until the condition holds or the timeout passes; returns the observed value."""
         s = self._signal(signal)
-        found = self._ctx().signals.wait_any([s], [condition], [compare_value], timeout_seconds(timeout_hint))
-        return found[1] if found is not None else s.load()
+        table = self._ctx().signals
+        table.account_wait([s], wait_state_hint == T.HSA_WAIT_STATE_ACTIVE)
+        found = table.wait_any([s], [condition], [compare_value], timeout_seconds(timeout_hint))
+        return found[1] if found is not None and found[0] == 0 else s.load()
 
     @hsa_function
     def hsa_amd_signal_wait_any(self, signal_count: int, signals: Any, conds: Any, values: Any,
                                 timeout_hint: int, wait_hint: int, satisfying_value: Any) -> int:
-        """Index of the first satisfied (or destroyed) signal, UINT32_MAX on timeout."""
+        """Index of the first satisfied signal; UINT32_MAX on timeout, for a destroyed signal or
+        an unknown condition (ROCr: Signal::WaitAny; its spinning is counted, see signals)."""
         require(signal_count > 0 and signals and conds and values, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
                 "empty or NULL signal/condition/value arrays")
         table = self._ctx().signals
-        found = table.wait_any([table.get(signals[i].handle) for i in range(signal_count)],
-                               [conds[i] for i in range(signal_count)], [values[i] for i in range(signal_count)],
-                               timeout_seconds(timeout_hint))
-        if found is None:
+        found_signals = [table.lookup(signals[i].handle) for i in range(signal_count)]
+        table.account_wait(found_signals, wait_hint == T.HSA_WAIT_STATE_ACTIVE)
+        if any(s is None for s in found_signals):
+            return UINT32_MAX  # destroyed before the call
+        found = table.wait_any(found_signals, [conds[i] for i in range(signal_count)],
+                               [values[i] for i in range(signal_count)], timeout_seconds(timeout_hint))
+        if found is None or found[0] == UINT32_MAX:
             return UINT32_MAX
         if satisfying_value:
             satisfying_value[0] = found[1]
@@ -338,6 +398,7 @@ class EmulatedLibrary:
         state.queues.validate(owner, size, queue_type, self.min_queue_size)
         doorbell = state.ctx.signals.create(-1)
         q = Queue(owner, state.queues.new_id(), size, queue_type, callback, data, doorbell)
+        q.event = state.ctx.signals.events.take()  # ROCr: AqlQueue's queue_event (inactive/exception)
         q.processor = PacketProcessor(state.ctx, q)
         state.queues.add(q)
         q.processor.start()
@@ -351,6 +412,7 @@ class EmulatedLibrary:
         state.queues.remove(q)
         q.processor.stop()
         state.ctx.signals.destroy(q.doorbell.address)
+        state.ctx.signals.events.give(q.event)
         q.release()
         return T.HSA_STATUS_SUCCESS
 
@@ -401,13 +463,22 @@ class EmulatedLibrary:
                                             dep_signals: Any, completion_signal: T.hsa_signal_t,
                                             engine_id: int, force_copy_on_sdma: bool) -> int:
         return self._copy(dst, dst_agent, src, src_agent, size, num_dep_signals, dep_signals,
-                          completion_signal, engine_id)
+                          completion_signal, engine_id, bool(force_copy_on_sdma))
 
     @hsa_function
     def hsa_amd_memory_copy_engine_status(self, dst_agent: T.hsa_agent_t, src_agent: T.hsa_agent_t,
                                           engine_ids_mask: Any) -> int:
+        """ROCr: Runtime::CopyMemoryStatus / GpuAgent::DmaCopyStatus (see sdma): the mask is
+        written (0 when none is free) and an empty one is OUT_OF_RESOURCES."""
         state = self._require_state()
-        mask = state.copies.status(self._agent(dst_agent), self._agent(src_agent))
+        dst, src = self._agent(dst_agent), self._agent(src_agent)
+        require(engine_ids_mask, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL engine_ids_mask")
+        try:
+            mask = state.copies.status(dst, src)
+        except StatusError as exc:
+            if exc.status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+                store_out(engine_ids_mask, 0)
+            raise
         store_out(engine_ids_mask, mask)
         return T.HSA_STATUS_SUCCESS
 
@@ -490,10 +561,14 @@ class EmulatedLibrary:
         agents = AgentTable(self.gpus, self.compute_units)
         compute = [ComputeUnits(f"{self.name}-gpu{a.gpu}", self.compute_units, self._record) for a in agents.gpus]
         ctx = Context(agents=agents, memory=MemoryManager(agents.cpu.handle, [a.handle for a in agents.gpus]),
-                      signals=SignalTable(), code=CodeObjects(), events=SystemEvents(self.memory_faults),
+                      signals=SignalTable(self.event_limit), code=CodeObjects(), events=SystemEvents(self.memory_faults),
                       faults=self.faults, timeline=self.timeline, compute=compute, report_bug=self._record,
-                      min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors)
-        return _State(ctx, self.sdma_engines)
+                      min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors,
+                      kernarg_mismatches=self.kernarg_mismatches)
+        copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
+        state = _State(ctx, copies)
+        ctx.events.evict = state.evict
+        return state
 
     def _record(self, where: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -517,16 +592,21 @@ class EmulatedLibrary:
     def _queue(self, queue: Any) -> Queue:
         return self._require_state().queues.get(queue)
 
-    def _create_signal(self, initial_value: int, num_consumers: int, consumers: Any, signal: Any) -> int:
+    def _create_signal(self, initial_value: int, num_consumers: int, consumers: Any, attributes: int,
+                       signal: Any) -> int:
         require(signal, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL signal")
-        require(num_consumers == 0 or consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL consumers")
-        for i in range(num_consumers):
-            self._agent(consumers[i])
-        store_handle(signal, self._ctx().signals.create(initial_value).address)
+        interrupt = not attributes & (T.HSA_AMD_SIGNAL_AMD_GPU_ONLY | T.HSA_AMD_SIGNAL_IPC)
+        if interrupt and num_consumers:
+            require(consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL consumers")
+            agents = [self._agent(consumers[i]) for i in range(num_consumers)]
+            require(len({a.handle for a in agents}) == num_consumers, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                    "duplicate consumers")
+            interrupt = any(not a.is_gpu for a in agents)  # only the CPU waits on interrupts
+        store_handle(signal, self._ctx().signals.create(initial_value, interrupt).address)
         return T.HSA_STATUS_SUCCESS
 
     def _copy(self, dst: int | None, dst_agent: Any, src: int | None, src_agent: Any, size: int, num_deps: int,
-              deps: Any, completion: T.hsa_signal_t, engine_bit: int | None) -> int:
+              deps: Any, completion: T.hsa_signal_t, engine_bit: int | None, force_sdma: bool = False) -> int:
         """ROCr's argument checks, then an engine of the copy agent (see sdma)."""
         state = self._require_state()
         require(dst and src, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL dst or src")
@@ -534,8 +614,10 @@ class EmulatedLibrary:
         dst_owner, src_owner = self._agent(dst_agent), self._agent(src_agent)
         dep_signals = [self._signal(deps[i]) for i in range(num_deps)]
         done = self._signal(completion)
+        if size == 0:
+            return T.HSA_STATUS_SUCCESS  # ROCr: nothing to copy, nothing signalled
         state.copies.submit(address_of(dst), dst_owner, address_of(src), src_owner, size, dep_signals, done,
-                            engine_bit)
+                            engine_bit, force_sdma)
         return T.HSA_STATUS_SUCCESS
 
     def _wake_processors(self) -> None:

@@ -14,7 +14,8 @@ from typing import Any, Callable
 from .. import types as T
 from ._abi import StatusError, new_handle, now_ns, require, store, store_array, store_chars
 
-QUEUE_MAX_SIZE = 131072
+QUEUE_MAX_SIZE = 131072  # ROCr: GpuAgent::maxAqlSize_ (0x20000 packets)
+QUEUE_MIN_SIZE = 64  # ROCr: GpuAgent::minAqlSize_ (0x40 packets, 4 KiB)
 QUEUES_MAX = 128
 WORKGROUP_MAX_SIZE = 1024
 GRID_MAX = 0xFFFFFFFF

@@ -19,7 +19,6 @@ from ._abi import StatusError, new_handle, require, store
 
 GROUP_SEGMENT_SIZE = 0
 PRIVATE_SEGMENT_SIZE = 0
-KERNARG_ALIGNMENT = 16
 
 
 @dataclass(frozen=True)
@@ -116,7 +115,7 @@ class CodeObjects:
         values = {
             T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT: (ctypes.c_uint64, ko.handle),
             T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE: (ctypes.c_uint32, ko.kernel.layout.size),
-            T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT: (ctypes.c_uint32, KERNARG_ALIGNMENT),
+            T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT: (ctypes.c_uint32, ko.kernel.kernarg_align),
             T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE: (ctypes.c_uint32, GROUP_SEGMENT_SIZE),
             T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE: (ctypes.c_uint32, PRIVATE_SEGMENT_SIZE),
         }

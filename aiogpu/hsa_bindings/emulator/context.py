@@ -28,3 +28,4 @@ class Context:
     min_queue_size: int
     name: str  # thread-name prefix, unique per emulator
     queue_errors: list[Any]  # packet_processor.QueueErrorRecord, in the order they were reported
+    kernarg_mismatches: list[str]  # dispatches whose hidden geometry arguments disagree with the packet

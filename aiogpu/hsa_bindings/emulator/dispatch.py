@@ -8,8 +8,16 @@ Validation statuses follow ROCr's queue-error mapping (``AqlQueue::DynamicScratc
 - a group segment larger than 64 KiB: HSA_STATUS_ERROR_INVALID_ARGUMENT ("group is too large");
 - a kernel object not loaded for this agent: HSA_STATUS_ERROR_INVALID_CODE_OBJECT ("invalid or
   NULL code");
-- a kernarg segment this GPU cannot read: a GPU memory fault (event, then
-  HSA_STATUS_ERROR_MEMORY_FAULT), which is what the kernel's first kernarg load would cause.
+- a kernarg segment this GPU cannot read: a GPU memory fault (the device's queues are evicted
+  and the system event reported), which is what the kernel's first kernarg load would cause;
+- a kernarg segment not aligned to the kernel's kernarg_segment_align: HSA requires the
+  alignment and the hardware would silently read shifted arguments; the emulator fails the
+  queue with HSA_STATUS_ERROR_INVALID_ARGUMENT instead, so the defect shows.
+
+Emulated kernels are code object v5-like: the dispatch geometry the body sees (``Launch``) is
+read from the hidden arguments in the kernarg segment (block counts, group sizes, remainders,
+grid dims), as device code reads it, not from the packet. A runtime that leaves them zero gives
+the body a zero geometry; every disagreement with the packet is kept in ``kernarg_mismatches``.
 
 The body is called once per dispatch as ``body(launch, *args)``: pointer arguments become NumPy
 views of real memory typed by the pointer's dtype and covering exactly the hidden byte length
@@ -95,11 +103,28 @@ def prepare(ctx: Context, gpu: int, pkt: packets.hsa_kernel_dispatch_packet_t) -
         kernargs = bytes(ctx.memory.resolve(gpu, pkt.kernarg_address or 0, kernel.layout.size, write=False))
     except MemoryFault as fault:
         return Rejection(T.HSA_STATUS_ERROR_MEMORY_FAULT, f"kernarg segment of {kernel.name}", fault)
+    if pkt.kernarg_address % kernel.kernarg_align:
+        return Rejection(T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"kernarg segment of {kernel.name} at "
+                         f"0x{pkt.kernarg_address:x} is not aligned to {kernel.kernarg_align} bytes")
     values, lengths = signature.unpack(kernel.args, kernel.layout, kernargs)
     dims = pkt.setup & 0x3
     grid = (pkt.grid_size_x, pkt.grid_size_y, pkt.grid_size_z)[:dims]
     block = (pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z)[:dims]
-    return DispatchJob(kernel, Launch(grid, block, dims, gpu), values, lengths, gpu)
+    launch = _launch_from_kernargs(kernel, kernargs, gpu)
+    if (launch.grid, launch.block, launch.dims) != (grid, block, dims):
+        ctx.kernarg_mismatches.append(f"{kernel.name} on GPU {gpu}: hidden arguments say grid {launch.grid} "
+                                      f"block {launch.block}, the packet grid {grid} block {block}")
+    return DispatchJob(kernel, launch, values, lengths, gpu)
+
+
+def _launch_from_kernargs(kernel: EmulatedKernel, kernargs: bytes, gpu: int) -> Launch:
+    """The geometry device code computes: from the hidden (implicit) kernel arguments."""
+    imp = {kind: int.from_bytes(kernargs[off:off + size], "little") for kind, off, size in kernel.layout.implicit}
+    dims = min(imp.get("hidden_grid_dims", 0), 3)
+    block = tuple(imp[f"hidden_group_size_{a}"] for a in "xyz")[:dims]
+    grid = tuple(imp[f"hidden_block_count_{a}"] * imp[f"hidden_group_size_{a}"] + imp[f"hidden_remainder_{a}"]
+                 for a in "xyz")[:dims]
+    return Launch(grid, block, dims, gpu)
 
 
 def execute(ctx: Context, job: DispatchJob) -> None:

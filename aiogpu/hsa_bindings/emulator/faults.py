@@ -72,7 +72,8 @@ class FaultInjector:
         self._arm(_Armed("queue_error", self._check_k(k), agent, status))
 
     def memory_fault_at(self, k: int, agent: int | None = None) -> None:
-        """The k-th packet processed from now raises a GPU memory fault (event + queue error)."""
+        """The k-th packet processed from now raises a GPU memory fault: the device's queues are
+        evicted and the system event handlers are told (no queue error)."""
         self._arm(_Armed("memory_fault", self._check_k(k), agent, T.HSA_STATUS_ERROR_MEMORY_FAULT))
 
     def lose_completion_at(self, k: int, agent: int | None = None) -> None:
@@ -88,8 +89,10 @@ class FaultInjector:
             self._delay_s, self._delay_count = float(seconds), count
 
     def exhaust_sdma(self, agent: int | None = None) -> None:
-        """No SDMA engine is available on GPU ``agent`` (None: every GPU): copies get
-        OUT_OF_RESOURCES and copy_engine_status reports 0, as when ROCr cannot create SDMA queues."""
+        """KFD has no SDMA queue left for GPU ``agent`` (None: every GPU). As in ROCr
+        (GpuAgent::InitDma), this matters when a copy engine is first used: its SDMA queue cannot
+        be created, so it becomes a blit kernel for good, the copy still succeeds, and engine
+        status never reports that engine free again. Engines created earlier are unaffected."""
         with self._lock:
             if agent is None:
                 self._exhaust_all, self._spared = True, set()

@@ -7,7 +7,16 @@ Models ROCr's memory model for the parts aiogpu relies on:
   a multiple of 2 MiB gets a 2 MiB aligned address (huge-page friendly, as ROCr does);
 - device memory is accessible to its own GPU and to the GPUs named in
   ``hsa_amd_agents_allow_access``; system-pool memory to every GPU; other host memory only while
-  locked with ``hsa_amd_memory_lock`` (the agent pointer is the host pointer: SVM);
+  locked with ``hsa_amd_memory_lock``, and only through the *agent* address it returns, which
+  differs from the host address (as libhsakmt's userptr registration without SVM gives an
+  alternate GPU VA): a runtime that hands a GPU the host pointer faults. Registrations follow
+  ROCr / libhsakmt (``MemoryRegion::Lock``/``Unlock``, ``fmm_register_user_memory``,
+  ``vm_find_object_by_userptr``): locking the same (address, size) again counts up and returns the
+  same agent address; any other range, overlapping or not, is a registration of its own with
+  its own agent address; ``hsa_amd_memory_unlock(ptr)`` finds the registration by its start
+  address only: with exactly one there it counts down (at zero the agent range is unmapped);
+  with none, or several (same start, different sizes), nothing happens, and it still returns
+  SUCCESS;
 - a freed allocation is unmapped and forgotten, so a later GPU access is a memory fault, reported
   as "use after free" while the range is among the recently freed ones.
 
@@ -80,15 +89,35 @@ class Allocation:
         return np.frombuffer(self.mm, dtype=np.uint8, count=nbytes, offset=self.offset + address - self.base)
 
 
-@dataclass(frozen=True)
+USERPTR_APERTURE = 0x0001_0000_0000_0000  # agent addresses of locked host memory: above any host VA
+
+
+@dataclass(eq=False)
 class LockedRange:
+    """One registration of host memory: [base, base + size) on the host, mapped for ``gpus``
+    at ``agent_base`` (page granular, keeping the host address's offset in its page)."""
+
     base: int
     size: int
-    gpus: frozenset[int]
+    gpus: set[int]
+    agent_base: int  # the agent address of ``base``
+    count: int = 1
 
-    def covers(self, address: int, nbytes: int, gpu: int | None) -> bool:
-        inside = self.base <= address and address + nbytes <= self.base + self.size
-        return inside and (gpu is None or gpu in self.gpus)
+    @property
+    def agent_pages(self) -> tuple[int, int]:
+        """[start, end) of the agent address range mapped (whole pages)."""
+        start = self.agent_base - self.base % PAGE
+        return start, start + _round_up(self.base % PAGE + self.size, PAGE)
+
+    def host_address(self, agent_address: int, nbytes: int, gpu: int | None) -> int | None:
+        """The host address behind [agent_address, +nbytes) if this registration maps it for ``gpu``."""
+        start, end = self.agent_pages
+        if not (start <= agent_address and agent_address + nbytes <= end) or gpu not in self.gpus:
+            return None
+        return agent_address - self.agent_base + self.base
+
+    def covers_host(self, address: int, nbytes: int) -> bool:
+        return self.base <= address and address + nbytes <= self.base + self.size
 
 
 def _mmap_address(mm: mmap.mmap) -> int:
@@ -117,6 +146,7 @@ class MemoryManager:
         self._starts: list[int] = []
         self._allocs: list[Allocation] = []
         self._locks: list[LockedRange] = []
+        self._next_agent_va = USERPTR_APERTURE
         self._freed: deque[tuple[int, int, str]] = deque(maxlen=FREED_HISTORY)
         self.gpu_count = len(gpu_handles)
         fine = T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED
@@ -187,25 +217,47 @@ class MemoryManager:
     def allow_access(self, gpus: list[int], address: int) -> None:
         alloc = self.find(address)
         if alloc is None:
-            require(self._find_lock(address, 1, None), T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+            with self._lock:
+                known = any(lk.agent_pages[0] <= address < lk.agent_pages[1] or lk.covers_host(address, 1)
+                            for lk in self._locks)
+            require(known, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
                     f"0x{address:x} is neither an allocation nor locked host memory")
             return
         with self._lock:
             alloc.allowed.update(gpus)
 
     def lock(self, address: int, size: int, gpus: list[int]) -> int:
+        """Register [address, address + size) for ``gpus``; returns its agent address (ROCr:
+        MemoryRegion::Lock; libhsakmt: the same (address, size) is counted, not re-registered)."""
         require(address and size > 0, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL or empty host range")
         with self._lock:
-            self._locks.append(LockedRange(address, size, frozenset(gpus)))
-        return address
+            same = next((lk for lk in self._locks if (lk.base, lk.size) == (address, size)), None)
+            if same is not None:
+                same.count += 1
+                same.gpus.update(gpus)
+                return same.agent_base
+            pages = _round_up(address % PAGE + size, PAGE)
+            agent_base = self._next_agent_va + address % PAGE
+            self._next_agent_va += pages + PAGE  # a guard page between registrations
+            self._locks.append(LockedRange(address, size, set(gpus), agent_base))
+            return agent_base
 
     def unlock(self, address: int) -> None:
+        """ROCr: MemoryRegion::Unlock (its libhsakmt calls' failures are ignored): the one
+        registration starting at ``address`` counts down; none or several: nothing happens."""
         with self._lock:
-            for i in range(len(self._locks) - 1, -1, -1):
-                if self._locks[i].base == address:
-                    del self._locks[i]
-                    return
-        raise StatusError(T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"0x{address:x} is not locked")
+            starting = [lk for lk in self._locks if lk.base == address]
+            if len(starting) != 1:
+                return
+            lk = starting[0]
+            lk.count -= 1
+            if lk.count == 0:
+                self._locks.remove(lk)
+
+    def locked(self) -> list[tuple[int, int, int, int]]:
+        """(host address, size, agent address, count) of every registration."""
+        with self._lock:
+            return [(lk.base, lk.size, lk.agent_base, lk.count) for lk in self._locks]
 
     # ---- GPU access ------------------------------------------------------------------------
     def resolve(self, gpu: int | None, address: int, nbytes: int, write: bool = False) -> np.ndarray:
@@ -218,8 +270,9 @@ class MemoryManager:
         alloc = self.find(address)
         if alloc is not None:
             return self._resolve_allocation(alloc, gpu, address, nbytes, access)
-        if self._find_lock(address, nbytes, gpu):
-            return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+        host = self._find_lock(address, nbytes, gpu)
+        if host is not None:
+            return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(host))
         raise MemoryFault(address, self._why_unknown(address, nbytes, gpu, access),
                           T.HSA_AMD_MEMORY_FAULT_PAGE_NOT_PRESENT)
 
@@ -265,17 +318,32 @@ class MemoryManager:
             raise MemoryFault(address, f"use after free: {access} at 0x{address:x}")
         return alloc.view(address, nbytes)
 
-    def _find_lock(self, address: int, nbytes: int, gpu: int | None) -> bool:
+    def _find_lock(self, address: int, nbytes: int, gpu: int | None) -> int | None:
+        """The host address behind a locked range: GPUs reach it through its agent address,
+        the CPU (``gpu`` None) through its host address."""
         with self._lock:
-            return any(lk.covers(address, nbytes, gpu) for lk in self._locks)
+            for lk in self._locks:
+                if gpu is None and lk.covers_host(address, nbytes):
+                    return address
+                if gpu is not None:
+                    host = lk.host_address(address, nbytes, gpu)
+                    if host is not None:
+                        return host
+        return None
 
     def _why_unknown(self, address: int, nbytes: int, gpu: int | None, access: str) -> str:
         with self._lock:
             freed = next((f for f in reversed(self._freed) if f[0] <= address < f[1]), None)
-            locked_elsewhere = any(lk.covers(address, nbytes, None) for lk in self._locks)
+            host_of_lock = next((lk for lk in self._locks if lk.covers_host(address, nbytes)), None)
+            other_agents = any(lk.host_address(address, nbytes, g) is not None for lk in self._locks
+                               for g in range(self.gpu_count))
         if freed is not None:
             return f"use after free: {access} at 0x{address:x} in {freed[2]} memory [0x{freed[0]:x}, 0x{freed[1]:x}) freed earlier"
-        if locked_elsewhere:
+        if other_agents:
             return f"{access} by GPU {gpu} of host memory at 0x{address:x} locked for other agents only"
+        if host_of_lock is not None:
+            return (f"{access} by GPU {gpu} at host address 0x{address:x} of locked memory: GPUs reach it at "
+                    f"its agent address 0x{host_of_lock.agent_base + address - host_of_lock.base:x} "
+                    f"(hsa_amd_memory_lock's agent_ptr)")
         return (f"{access} of {nbytes} bytes at unknown address 0x{address:x} (neither allocated from a "
                 f"pool nor locked with hsa_amd_memory_lock)")

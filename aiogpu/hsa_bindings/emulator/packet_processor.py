@@ -11,14 +11,20 @@
 - Kernel dispatches run on the GPU's compute-unit pool, so dispatches without the barrier bit
   overlap; a packet with the barrier bit starts only when every earlier packet of the queue has
   completed. Barrier-AND/OR and barrier-value packets wait here, holding back later packets.
+- The read index advances when the packet processor is done with a slot, as the command
+  processor's does: a dispatch's slot is released (header reset to INVALID, read index past it)
+  when the dispatch *launches*, a barrier packet's when its condition is met. A dispatch may
+  therefore still run, and complete out of order, after its slot was reused; the read index says
+  nothing about completion. A packet that fails before it launches stays readable at the read index.
 - On completion: profiling timestamps into the completion signal's ``amd_signal_t``, then the
-  completion signal is decremented. Packets retire in order: the read index is the id of the oldest
-  packet not yet complete, and a slot's header is reset to INVALID when it retires (just before
-  the read index releases the slot to writers; a failed packet therefore stays readable at the
-  read index, as in ROCr's error handler).
+  completion signal is decremented, and only then does the packet count as complete (for the
+  barrier bit and for error reporting), as the CP writes the signal when the packet completes.
 - A queue error calls the queue's callback (status, hsa_queue_t*, data) from this thread once
-  every earlier packet has retired, then suspends the queue for good: nothing later is processed or
-  completed and the read index stays at the failing packet.
+  every earlier packet has completed, then suspends the queue for good: nothing later is
+  processed or completed (later dispatches already launched are killed with the queue).
+- A GPU memory fault is not a queue error: as with KFD and ROCr, every queue of the device is
+  evicted (``evict``: nothing on it is processed or completes any more, no callback) and the
+  system event handlers are told (``events.memory_fault``), from the thread that faulted.
 """
 from __future__ import annotations
 
@@ -67,12 +73,14 @@ class PacketProcessor:
         self.gpu: int = queue.agent.gpu
         self.waiter = Waiter()
         self.suspended = False
+        self.evicted = False
         self._lock = threading.Lock()
         self._failure: Failure | None = None
         self._stopping = False
-        self._done: set[int] = set()
+        self._done: set[int] = set()  # completed packets at or above ``_completed``
+        self._completed = 0  # every packet below it has completed
         self._snapshots: dict[int, bytes] = {}  # eager mode: the bytes consumed, per packet
-        self._read = 0  # read index (oldest packet not retired)
+        self._read = 0  # read index: slots below it were released (dispatches launched)
         self._running = 0  # dispatches of this queue on compute units right now
         self._idle = threading.Condition(self._lock)
         self._next = 0  # next packet id to consume
@@ -102,10 +110,24 @@ class PacketProcessor:
     def wake(self) -> None:
         self.waiter.wake()
 
+    def evict(self) -> None:
+        """KFD evicted the queue (a memory fault on its device): it stops for good; nothing
+        running or queued on it completes, and no queue error is reported."""
+        with self._lock:
+            self.evicted = True
+        self.waiter.wake()
+
     def fail(self, packet: int, status: int, detail: str = "", fault: MemoryFault | None = None, *,
              replace: bool = False) -> None:
         """Packet ``packet`` failed: the queue errors out (the lowest failing packet wins;
-        ``replace``: this cause supersedes an earlier one for the same packet)."""
+        ``replace``: this cause supersedes an earlier one for the same packet). A memory fault
+        (``fault``) instead evicts the device's queues and goes to the system event handlers
+        (ROCr: Runtime::VMFaultHandler; the queue's callback is not called)."""
+        if fault is not None:
+            if not self.evicted:
+                source = f"queue {self.queue.id} packet {packet}"
+                self.ctx.events.memory_fault(self.queue.agent.handle, self.gpu, fault, source)
+            return
         with self._lock:
             current = self._failure
             if not self.suspended and (current is None or packet < current.packet
@@ -118,6 +140,9 @@ class PacketProcessor:
         self.queue.doorbell.add_waiter(self.waiter)
         try:
             while not self._stopping:
+                if self.evicted:
+                    wait_for(self.waiter, (), lambda: self._stopping)
+                    return
                 if self._failure is not None:
                     self._suspend()
                     return
@@ -133,7 +158,7 @@ class PacketProcessor:
             self.queue.doorbell.remove_waiter(self.waiter)
 
     def _interrupted(self) -> bool:
-        return self._stopping or self._failure is not None
+        return self._stopping or self.evicted or self._failure is not None
 
     def _take_next(self) -> bytes | None:
         """The next packet's 64 bytes once it may be consumed; None if interrupted or mode changed."""
@@ -218,8 +243,19 @@ class PacketProcessor:
 
     def _wait_retired(self, packet_id: int) -> bool:
         """Barrier bit: block until every earlier packet of the queue has completed."""
-        wait_for(self.waiter, (), lambda: self._interrupted() or self._read >= packet_id)
+        wait_for(self.waiter, (), lambda: self._interrupted() or self._completed >= packet_id)
         return not self._interrupted()
+
+    def _launch(self, packet_id: int) -> bool:
+        """The CP is done with the slot: (eager) check it was not torn, reset its header to
+        INVALID and advance the read index past it. False if the slot was torn."""
+        if self._torn(packet_id):
+            return False
+        with self._lock:
+            self._read = packet_id + 1
+            self.queue.retire_slots(packet_id, packet_id + 1)
+        self.waiter.wake()
+        return True
 
     def _dispatch(self, packet_id: int, raw: bytes, lost: bool) -> None:
         pkt = packets.hsa_kernel_dispatch_packet_t.from_buffer_copy(raw)
@@ -228,6 +264,8 @@ class PacketProcessor:
             self.fail(packet_id, job.status, job.detail, job.fault)
             return
         signal = pkt.completion_signal.handle
+        if not self._launch(packet_id):
+            return
         with self._lock:
             self._running += 1
         self.ctx.compute[self.gpu].submit(lambda: self._run_kernel(packet_id, job, signal, lost))
@@ -268,7 +306,7 @@ class PacketProcessor:
             zeros = [s.load() == 0 for s in deps]
             return all(zeros) if need_all else (any(zeros) or not deps)
 
-        if self._block_on(packet_id, deps, satisfied):
+        if self._block_on(packet_id, deps, satisfied) and self._launch(packet_id):
             self._complete(packet_id, pkt.completion_signal.handle, start, lost, "barrier", _BARRIER_NAMES[kind])
 
     def _barrier_value(self, packet_id: int, raw: bytes, lost: bool) -> None:
@@ -285,7 +323,8 @@ class PacketProcessor:
             return
         signal, cond, value, mask = found[0], pkt.cond, pkt.value, pkt.mask
         start = now_ns()
-        if self._block_on(packet_id, found, lambda: condition_met(cond, signal.load() & mask, value)):
+        if self._block_on(packet_id, found, lambda: condition_met(cond, signal.load() & mask, value)) \
+                and self._launch(packet_id):
             self._complete(packet_id, pkt.completion_signal.handle, start, lost, "barrier", "barrier_value")
 
     def _signals(self, packet_id: int, handles: list[int], what: str) -> list[Signal] | None:
@@ -324,37 +363,37 @@ class PacketProcessor:
             time.sleep(delay)
         end = now_ns()
         failure = self._failure
-        if (failure is not None and packet_id > failure.packet) or self._torn(packet_id):
-            return  # killed with its queue, or torn
+        if self.evicted or (failure is not None and packet_id > failure.packet):
+            return  # killed with its queue
         signal = self.ctx.signals.lookup(handle) if handle else None
         if handle and signal is None:
             fault = MemoryFault(handle + 8, f"completion signal 0x{handle:x} is not a live signal")
             self.fail(packet_id, T.HSA_STATUS_ERROR_MEMORY_FAULT, fault.reason, fault)
             return
-        self._retire(packet_id)
+        # The record, then the signal, then "complete": whoever sees the signal complete finds
+        # the record, and whoever sees the packet complete sees its signal.
+        self.ctx.timeline.add(TimelineRecord(self.gpu, self.queue.id, None, kind, name, nbytes, start, end,
+                                             packet_id))
         if signal is not None:
             signal.set_timestamps(start, end)
             if not lost:
                 _decrement(signal)
-        self.ctx.timeline.add(TimelineRecord(self.gpu, self.queue.id, None, kind, name, nbytes, start, end,
-                                                packet_id))
+        self._mark_complete(packet_id)
 
-    def _retire(self, packet_id: int) -> None:
+    def _mark_complete(self, packet_id: int) -> None:
         with self._lock:
             self._done.add(packet_id)
-            first = self._read
-            while self._read in self._done:
-                self._done.discard(self._read)
-                self._read += 1
-            if self._read != first:
-                self.queue.retire_slots(first, self._read)
+            while self._completed in self._done:
+                self._done.discard(self._completed)
+                self._completed += 1
         self.waiter.wake()
 
     # ---- errors ----------------------------------------------------------------------------
     def _suspend(self) -> None:
-        """Report the failure once earlier packets have retired, then stay suspended until stopped."""
-        wait_for(self.waiter, (), lambda: self._stopping or self._read >= self._failure.packet)
-        if self._stopping:
+        """Report the failure once earlier packets have completed, then stay suspended until stopped."""
+        wait_for(self.waiter, (), lambda: self._stopping or self.evicted or self._completed >= self._failure.packet)
+        if self._stopping or self.evicted:
+            wait_for(self.waiter, (), lambda: self._stopping)
             return
         self._torn(self._failure.packet)  # a garbled packet fails as torn, not for its garbage
         with self._lock:
@@ -362,9 +401,6 @@ class PacketProcessor:
             failure = self._failure
         self.ctx.queue_errors.append(QueueErrorRecord(self.gpu, self.queue.id, failure.packet,
                                                       failure.status, failure.detail))
-        if failure.fault is not None:
-            source = f"queue {self.queue.id} packet {failure.packet}"
-            self.ctx.events.memory_fault(self.queue.agent.handle, self.gpu, failure.fault, source)
         if self.queue.callback is not None:
             self.queue.callback(failure.status, self.queue.pointer, self.queue.data)
         wait_for(self.waiter, (), lambda: self._stopping)

@@ -75,6 +75,7 @@ class Queue:
         self.doorbell = doorbell
         self.lock = threading.Lock()
         self.alive = True
+        self.event = 0  # the KFD event ROCr gives each AQL queue
         self.processor: Any = None
         self._mm = mmap.mmap(-1, PAGE + size * packets.PACKET_SIZE)
         holder = ctypes.c_char.from_buffer(self._mm)
@@ -186,11 +187,17 @@ class QueueTable:
         self._ids = itertools.count()
 
     def validate(self, agent: Agent, size: int, queue_type: int, min_size: int) -> None:
-        """ROCr's checks: a GPU agent, a power-of-two size within the agent's limits, a known type."""
+        """ROCr's checks, in its order (ROCr: GpuAgent::QueueCreate): a GPU agent; a power-of-two
+        size, else INVALID_ARGUMENT; at most QUEUE_MAX_SIZE (0x20000), else OUT_OF_RESOURCES; at
+        least the agent's minimum (64 packets; ``emulator_min_queue_size``), else INVALID_ARGUMENT;
+        a known type."""
         require(agent.is_gpu, T.HSA_STATUS_ERROR_INVALID_QUEUE_CREATION, "the CPU agent has no AQL queues")
-        require(size and size & (size - 1) == 0 and min_size <= size <= QUEUE_MAX_SIZE,
-                T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"queue size {size}: a power of two in [{min_size}, "
-                f"{QUEUE_MAX_SIZE}]")
+        require(size and size & (size - 1) == 0, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                f"queue size {size} is not a power of two")
+        require(size <= QUEUE_MAX_SIZE, T.HSA_STATUS_ERROR_OUT_OF_RESOURCES,
+                f"queue size {size} > QUEUE_MAX_SIZE {QUEUE_MAX_SIZE}")
+        require(size >= min_size, T.HSA_STATUS_ERROR_INVALID_ARGUMENT,
+                f"queue size {size} < QUEUE_MIN_SIZE {min_size}")
         require(queue_type in (T.HSA_QUEUE_TYPE_MULTI, T.HSA_QUEUE_TYPE_SINGLE),
                 T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"queue type {queue_type}")
         with self._lock:

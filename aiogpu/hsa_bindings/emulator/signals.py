@@ -9,6 +9,21 @@ the set of ``Waiter`` objects registered on it and wakes them on every value cha
 is destroyed. ``hsa_amd_signal_wait_any`` registers one waiter on all its signals; the packet
 processors and SDMA engines wait the same way. Values must change through the API (as with
 ROCr's interrupt signals): a direct store to the value in memory wakes nobody.
+
+Interrupt events, as ROCr and KFD hand them out (``hsa_amd_signal_create``,
+``InterruptSignal::EventPool``): a signal made by ``hsa_signal_create`` (or
+``hsa_amd_signal_create`` without attributes, with the CPU among its consumers or none named)
+is an interrupt signal and takes a KFD signal event, which ``event_id``/``event_mailbox_ptr`` of
+its ``amd_signal_t`` name; AMD_GPU_ONLY, IPC, or consumers without the CPU make a busy-wait
+signal without one. KFD allows a process about 4,096 events (``KFD_SIGNAL_EVENT_LIMIT``); ROCr
+itself takes two at start-up, one per AQL queue and two per SDMA queue. Past the limit ROCr
+still succeeds but the signal has no event. Events of destroyed signals are reused.
+
+``wait_any`` follows ``Signal::WaitAny``: a destroyed signal (or an unknown condition) ends the
+wait with UINT32_MAX. ROCr spins for the first 200 us of every call, and for the whole wait when
+the hint is ACTIVE or any signal lacks an event; the emulator blocks instead and counts both
+(``stats``: ``wait_calls``, ``busy_waits``, ``max_wait_signals``), so tests can assert a runtime
+never makes ROCr spin.
 """
 from __future__ import annotations
 
@@ -21,7 +36,7 @@ from typing import Callable, Sequence, TypeVar
 
 from .. import atomics
 from .. import types as T
-from ._abi import UINT64_MAX, StatusError, to_int64
+from ._abi import UINT32_MAX, UINT64_MAX, StatusError, to_int64
 
 SIGNAL_SIZE = ctypes.sizeof(T.amd_signal_t)  # 64
 VALUE_OFFSET = T.amd_signal_t.value.offset  # 8
@@ -30,6 +45,9 @@ END_TS_OFFSET = T.amd_signal_t.end_ts.offset
 AMD_SIGNAL_KIND_USER = 1
 SLAB_BYTES = 64 * 1024
 MAX_BLOCK_S = 3600.0  # Event.wait slices for "forever"
+EVENT_LIMIT = 4096  # KFD_SIGNAL_EVENT_LIMIT: signal events per process
+ROCR_START_EVENTS = 2  # ROCr: Runtime::InitializeVmFaultHandler's VM-fault and HW-exception events
+MAILBOX_BASE = 0x7F00_0000_0000  # fake event mailbox addresses: nonzero, never dereferenced
 
 R = TypeVar("R")
 
@@ -55,8 +73,9 @@ class Waiter:
 class Signal:
     """One ``amd_signal_t`` slot; ``alive`` is False once destroyed (memory then not touched)."""
 
-    def __init__(self, address: int, initial: int) -> None:
+    def __init__(self, address: int, initial: int, event_id: int = 0) -> None:
         self.address = address
+        self.event_id = event_id  # 0: no interrupt event (a busy-wait signal)
         self.alive = True
         self._lock = threading.Lock()
         self._waiters: dict[Waiter, int] = {}
@@ -64,7 +83,14 @@ class Signal:
         self.peak = initial  # highest value ever stored (a doorbell's high-water mark)
         ctypes.memset(address, 0, SIGNAL_SIZE)
         ctypes.c_int64.from_address(address).value = AMD_SIGNAL_KIND_USER
+        if event_id:
+            struct = T.amd_signal_t.from_address(address)
+            struct.event_id, struct.event_mailbox_ptr = event_id, MAILBOX_BASE + 8 * event_id
         self._write(initial)
+
+    @property
+    def interrupt(self) -> bool:
+        return self.event_id != 0
 
     # ---- value -----------------------------------------------------------------------------
     def load(self) -> int:
@@ -183,21 +209,58 @@ def wait_for(waiter: Waiter, signals: Sequence[Signal], predicate: Callable[[], 
             s.remove_waiter(waiter)
 
 
+class EventPool:
+    """KFD signal events of one process (ROCr: InterruptSignal::EventPool over hsaKmtCreateEvent)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._next = 1
+        self._free: list[int] = []
+        self.in_use = 0
+        self.peak = 0
+
+    def take(self) -> int:
+        """An event id, or 0 when KFD has none left (the caller goes on without one)."""
+        with self._lock:
+            if self._free:
+                event = self._free.pop()
+            elif self._next <= self.limit:
+                event, self._next = self._next, self._next + 1
+            else:
+                return 0
+            self.in_use += 1
+            self.peak = max(self.peak, self.in_use)
+            return event
+
+    def give(self, event: int) -> None:
+        if event:
+            with self._lock:
+                self._free.append(event)
+                self.in_use -= 1
+
+
 class SignalTable:
     """Every live signal of one emulator, carved out of mmap'ed slabs of 64-byte slots."""
 
-    def __init__(self) -> None:
+    def __init__(self, event_limit: int = EVENT_LIMIT) -> None:
         self._lock = threading.Lock()
         self._signals: dict[int, Signal] = {}
         self._slabs: list[mmap.mmap] = []
         self._free: deque[int] = deque()  # FIFO: a destroyed handle is reused as late as possible
+        self.events = EventPool(event_limit)
+        for _ in range(ROCR_START_EVENTS):
+            self.events.take()
+        self.stats = {"wait_calls": 0, "busy_waits": 0, "max_wait_signals": 0}
 
-    def create(self, initial: int) -> Signal:
+    def create(self, initial: int, interrupt: bool = False) -> Signal:
+        """A signal; ``interrupt``: with a KFD event if one is left (ROCr: InterruptSignal)."""
+        event = self.events.take() if interrupt else 0
         with self._lock:
             if not self._free:
                 self._new_slab()
             address = self._free.popleft()
-            signal = Signal(address, to_int64(initial))
+            signal = Signal(address, to_int64(initial), event)
             self._signals[address] = signal
             return signal
 
@@ -216,19 +279,32 @@ class SignalTable:
         if signal is None:
             raise StatusError(T.HSA_STATUS_ERROR_INVALID_SIGNAL, f"unknown signal 0x{handle:x}")
         signal.kill()
+        self.events.give(signal.event_id)
         with self._lock:
             self._free.append(handle)
 
+    def account_wait(self, signals: Sequence[Signal | None], active_hint: bool) -> None:
+        """ROCr (Signal::WaitAny) spins at the start of every call, and for the whole wait when
+        the hint is ACTIVE or a signal has no interrupt event: count what ROCr would do."""
+        with self._lock:
+            self.stats["wait_calls"] += 1
+            self.stats["max_wait_signals"] = max(self.stats["max_wait_signals"], len(signals))
+            if active_hint or any(s is not None and not s.interrupt for s in signals):
+                self.stats["busy_waits"] += 1
+
     def wait_any(self, signals: Sequence[Signal], conds: Sequence[int], values: Sequence[int],
                  timeout: float | None) -> tuple[int, int] | None:
-        """(index, value) of the first satisfied (or destroyed) signal, None on timeout."""
-        for c in conds:
-            condition_met(c, 0, 0)  # reject unknown conditions before blocking
+        """(index, value) of the first satisfied signal, (UINT32_MAX, 0) if a signal before it is
+        destroyed (or a condition is unknown), None on timeout (ROCr: Signal::WaitAny)."""
+        if any(c not in _CONDITIONS for c in conds):
+            return UINT32_MAX, 0
 
         def first_satisfied() -> tuple[int, int] | None:
             for i, (s, c, v) in enumerate(zip(signals, conds, values)):
+                if not s.alive:
+                    return UINT32_MAX, 0
                 value = s.load()
-                if not s.alive or condition_met(c, value, v):
+                if condition_met(c, value, v):
                     return i, value
             return None
 
@@ -252,3 +328,7 @@ class SignalTable:
         del holder
         self._slabs.append(slab)
         self._free.extend(range(base, base + SLAB_BYTES, SIGNAL_SIZE))
+
+
+_CONDITIONS = (T.HSA_SIGNAL_CONDITION_EQ, T.HSA_SIGNAL_CONDITION_NE, T.HSA_SIGNAL_CONDITION_LT,
+               T.HSA_SIGNAL_CONDITION_GTE)

@@ -4,12 +4,19 @@ ROCr exposes per-dispatch timestamps through ``hsa_amd_profiling_get_dispatch_ti
 timeline is the emulator's superset of that: one record per completed packet (dispatch or
 barrier) and per SDMA copy, so tests can prove overlap (or its absence) and a trace can be
 written in Chrome's trace-event format.
+
+Bounded (issue 13.20): only the newest ``capacity`` records are kept (a ring buffer; a record
+costs about 400 bytes), and ``counts`` keeps the number of every kind ever recorded, so a
+long-running process does not grow without bound.
 """
 from __future__ import annotations
 
 import threading
+from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import Iterator
+
+DEFAULT_CAPACITY = 10_000
 
 
 @dataclass(frozen=True)
@@ -33,15 +40,36 @@ class TimelineRecord:
 
 
 class Timeline:
-    """Thread-safe, append-only list of TimelineRecord (``clear()`` empties it)."""
+    """Thread-safe ring buffer of the newest ``capacity`` TimelineRecords, with per-kind totals.
 
-    def __init__(self) -> None:
+    ``len()`` and iteration cover the records kept; ``counts`` (kind -> number) and ``total``
+    cover every record ever added since the last ``clear()``; ``dropped`` is how many fell out.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError("a timeline keeps at least one record")
+        self.capacity = capacity
         self._lock = threading.Lock()
-        self._records: list[TimelineRecord] = []
+        self._records: deque[TimelineRecord] = deque(maxlen=capacity)
+        self.counts: Counter[str] = Counter()
 
     def add(self, record: TimelineRecord) -> None:
         with self._lock:
             self._records.append(record)
+            self.counts[record.kind] += 1
+
+    @property
+    def total(self) -> int:
+        """Records added since the last clear(), kept or not."""
+        with self._lock:
+            return sum(self.counts.values())
+
+    @property
+    def dropped(self) -> int:
+        """Records that fell out of the ring buffer."""
+        with self._lock:
+            return sum(self.counts.values()) - len(self._records)
 
     def records(self, kind: str | None = None, agent: int | None = None,
                 queue: int | None = None) -> list[TimelineRecord]:
@@ -55,6 +83,7 @@ class Timeline:
     def clear(self) -> None:
         with self._lock:
             self._records.clear()
+            self.counts.clear()
 
     def __len__(self) -> int:
         with self._lock:
