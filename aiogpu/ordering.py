@@ -76,7 +76,7 @@ class Hazards:
 
     def prune_host(self, state: HostRange) -> None:
         """Forget what has retired in ``state``'s bytes (an operation on them retired)."""
-        self._prune(state.start, state.end)
+        self.prune(state.start, state.end)
 
     @property
     def host_ranges(self) -> int:
@@ -90,7 +90,7 @@ class Hazards:
             i += 1
         return i, bisect_left(self._starts, end, i)
 
-    def _prune(self, start: int, end: int) -> None:
+    def prune(self, start: int, end: int) -> None:
         i, j = self._span(start, end)
         keep = []
         for seg in self._segs[i:j]:
@@ -114,7 +114,7 @@ class Hazards:
             self._starts.insert(i + 1, at)
 
     def _collect(self, start: int, end: int, writers: bool) -> list[GPUFuture]:
-        self._prune(start, end)
+        self.prune(start, end)
         i, j = self._span(start, end)
         out: dict[int, GPUFuture] = {}
         for seg in self._segs[i:j]:
@@ -124,7 +124,7 @@ class Hazards:
         return list(out.values())
 
     def _newest_writer(self, start: int, end: int) -> GPUFuture | None:
-        self._prune(start, end)
+        self.prune(start, end)
         i, j = self._span(start, end)
         segs = [seg for seg in self._segs[i:j] if seg.last_write is not None]
         return max(segs, key=lambda seg: seg.seq).last_write if segs else None
@@ -161,7 +161,10 @@ class Hazards:
         self._starts[i:j] = [seg.start for seg in new]
 
 
-def _prune(state: Any) -> None:
+def prune(state: Any) -> None:
+    """Forget the retired work in ``state`` (its readers, and its last writer unless that
+    failed), so that finished futures, and the results they hold, are not kept alive by the
+    memory they touched."""
     # A writer that failed stays the last writer even once retired: the memory's contents are
     # undefined, so later readers fail (read after a failed write) until something overwrites it.
     # (Host memory is exempt, see Hazards.)
@@ -191,14 +194,14 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
             for writer in state.writers():
                 add_semantic(writer)
             continue
-        _prune(state)
+        prune(state)
         add_semantic(state.last_write)
     for state in writes:
         if isinstance(state, HostRange):
             for fut in (*state.writers(), *state.readers()):
                 add(fut, False)
             continue
-        _prune(state)
+        prune(state)
         add(state.last_write, False)
         for reader in state.reads:
             add(reader, False)
@@ -245,7 +248,7 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     fut = completed_future(hub, label, err)
     writes = [s for s in writes if not isinstance(s, HostRange)]   # host memory: nothing ran
     for state in writes:
-        _prune(state)
+        prune(state)
         fut.preds.extend(f for f in [state.last_write, *state.reads] if f is not None)
     record(fut, [], writes)
     return fut

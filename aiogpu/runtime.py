@@ -286,6 +286,7 @@ class Runtime:
                 fn()
             for buf in bufs:
                 buf.unuse()
+                ordering.prune(buf)        # finished work (and its results) is not kept alive
             for state in hosts:
                 hazards.prune_host(state)
 
