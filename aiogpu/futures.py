@@ -117,7 +117,15 @@ class GPUFuture:
             port.post([_CallbackAwaiter(fn, self)])
 
     def __await__(self):
-        if self._state == PENDING:
+        """Wait for the work without blocking the loop; returns ``result()``.
+
+        Under trio every await is a checkpoint, also of a future that is already done (trio's
+        rule for library calls: a cancellation point and a schedule point). Under asyncio a
+        done future returns at once, as an asyncio future does."""
+        if self._state != PENDING:
+            if _loops._in_trio() is not None:
+                yield from _loops.checkpoint()
+        else:
             port = _loops.current_port()
             if port is None:
                 raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
@@ -153,22 +161,8 @@ class InvalidStateError(RuntimeError):
     """result()/exception() of a future that is still pending."""
 
 
-class _CallbackAwaiter:
-    """A done-callback delivered through a port like an awaiter."""
-
-    __slots__ = ("fn", "fut")
-
-    def __init__(self, fn: Callable, fut: GPUFuture):
-        self.fn, self.fut = fn, fut
-
-    def done(self) -> bool:
-        return False
-
-    def set_result(self, _value: Any) -> None:
-        self.fn(self.fut)
-
-    def __getitem__(self, i: int) -> Any:  # trio ports use [task, woken] cells
-        raise TypeError
+# A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
+_CallbackAwaiter = _loops.Callback
 
 
 def completed_future(hub: "FutureHub | None", label: str = "",
