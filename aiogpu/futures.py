@@ -71,10 +71,14 @@ class GPUFuture:
         return self._state != PENDING
 
     def result(self) -> Any:
-        """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError."""
+        """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError.
+
+        Like ``exception()`` (and ``await``), it marks the failure as *retrieved*: someone saw it
+        (see ``aiogpu.TaskGroup``)."""
         if self._state == PENDING:
             raise InvalidStateError(f"{self!r} is not done")
         if self._exc is not None:
+            mark_retrieved(self._exc)
             raise self._exc
         return self.value
 
@@ -82,6 +86,8 @@ class GPUFuture:
         """The failure (a GPUError), None on success; InvalidStateError while pending."""
         if self._state == PENDING:
             raise InvalidStateError(f"{self!r} is not done")
+        if self._exc is not None:
+            mark_retrieved(self._exc)
         return self._exc
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -104,6 +110,15 @@ class GPUFuture:
         if self._hub is None or self._state != PENDING:
             self._run_callback(port, fn)
             return
+        with self._hub.lock:
+            if self._state == PENDING:
+                self._callbacks.append((port, fn))
+                return
+        self._run_callback(port, fn)
+
+    def _notify(self, port: Any, fn: Callable[["GPUFuture"], Any]) -> None:
+        """Call ``fn(self)`` on ``port`` once done, without asking the backend for an early
+        wake-up (safe under the runtime lock, e.g. while the future is being submitted)."""
         with self._hub.lock:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
@@ -163,6 +178,30 @@ class InvalidStateError(RuntimeError):
 
 # A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
 _CallbackAwaiter = _loops.Callback
+
+
+def mark_retrieved(exc: BaseException) -> None:
+    """Note that ``exc`` and the failures it was caused by (its ``__cause__`` chain: a dependent's
+    error names the failure it follows from) have been seen by the program."""
+    for e in cause_chain(exc):
+        try:
+            e._aiogpu_retrieved = True
+        except AttributeError:       # an exception type that takes no attributes: not marked
+            pass
+
+
+def cause_chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and the exceptions it was caused by, nearest first."""
+    chain: list[BaseException] = []
+    while exc is not None and len(chain) < 64 and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__
+    return chain
+
+
+def was_retrieved(exc: BaseException) -> bool:
+    """True if the program saw ``exc``, or a failure it was caused by (``mark_retrieved``)."""
+    return any(getattr(e, "_aiogpu_retrieved", False) for e in cause_chain(exc))
 
 
 def completed_future(hub: "FutureHub | None", label: str = "",
