@@ -20,7 +20,10 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the copies each SDMA engine ran), ``gpu_agent(i)``.
+  ``engine_history(gpu)`` (the copies each SDMA engine ran), ``gpu_agent(i)``;
+- ``queue_error_cause(queue_id, packet)``: the exception that explains a queue error the
+  emulator reported (what HSA's queue callback, a bare status, cannot carry): ``InjectedFault``,
+  a kernel body's ``KernelError`` or ``MemoryFault``, else ``QueueFault`` with the reason.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from .agents import QUEUE_MAX_SIZE, Agent, AgentTable, StatusStrings, agent_info
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
+from .dispatch import KernelError, explanation
 from .events import MemoryFaultRecord, SystemEvents
 from .faults import FaultInjector, FaultRecord
 from .memory import MemoryFault, MemoryManager
@@ -51,10 +55,36 @@ from .signals import Signal, SignalTable, timeout_seconds
 from .timeline import Timeline, TimelineRecord
 
 __all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
-           "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord"]
+           "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord", "KernelError", "InjectedFault",
+           "QueueFault"]
 
 _serials = itertools.count()
 _NO_INIT_CHECK = frozenset({"hsa_init", "hsa_shut_down", "hsa_status_string"})
+
+
+class QueueFault(Exception):
+    """Why the emulator failed a queue (``record``: its QueueErrorRecord), where nothing more
+    specific explains it (e.g. a packet the command processor rejects)."""
+
+    def __init__(self, record: QueueErrorRecord):
+        self.record = record
+        super().__init__(f"queue {record.queue} failed at packet {record.packet} "
+                         f"({T.status_name(record.status)}): {record.detail}")
+
+
+class InjectedFault(Exception):
+    """A queue error or memory fault that fault injection asked for (``record``: what fired,
+    where and when): the failure was meant to happen."""
+
+    def __init__(self, record: FaultRecord):
+        self.record = record
+        super().__init__(f"injected {record.kind} on GPU {record.agent}, queue {record.queue}, "
+                         f"packet {record.packet}")
+
+
+# Fault records that are injected failures (a torn packet is a writer's bug the eager packet
+# processor caught, not something injected).
+_INJECTED_FAILURES = ("queue_error", "memory_fault")
 
 
 @dataclass(frozen=True)
@@ -162,6 +192,27 @@ class EmulatedLibrary:
     @property
     def initialized(self) -> bool:
         return self._state is not None
+
+    def queue_error_cause(self, queue_id: int, packet: int) -> BaseException | None:
+        """The exception that explains the queue error reported for ``packet`` of queue
+        ``queue_id``: InjectedFault (fault injection), KernelError (a body raised; its
+        ``__cause__`` is what it raised), MemoryFault (a body or a packet touched memory it may
+        not), else QueueFault with the emulator's reason. None if no such error was reported."""
+        record = next((r for r in reversed(self.queue_errors) if r.queue == queue_id and r.packet == packet), None)
+        if record is None:
+            return None
+        injected = next((f for f in reversed(self.faults.fired) if f.kind in _INJECTED_FAILURES
+                         and f.queue == queue_id and f.packet == packet), None)
+        if injected is not None:
+            return InjectedFault(injected)
+        ctx = self._state.ctx if self._state is not None else None
+        source = f"queue {queue_id} packet {packet}"
+        fault = next((m for m in reversed(self.memory_faults) if m.source == source), None)
+        if fault is not None and record.status == T.HSA_STATUS_ERROR_MEMORY_FAULT:
+            found = explanation(ctx, record.detail, fault) if ctx is not None else None
+            return found or MemoryFault(fault.address, fault.reason, fault.mask)
+        found = explanation(ctx, record.detail) if ctx is not None else None
+        return found or QueueFault(record)
 
     # ---- runtime -----------------------------------------------------------------------------
     @hsa_function
