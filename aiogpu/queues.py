@@ -254,6 +254,10 @@ class AqlQueue:
             failed_at = self.api.hsa_queue_load_read_index_scacquire(self._q)
             err = GPUError(f"queue {self.name} failed at packet {failed_at}: {T.status_name(status)}",
                            status=status, queue=self.name, packet=failed_at)
+            # HSA's callback carries a status only; the emulator can say what happened.
+            emulator = self.api.emulator
+            if emulator is not None:
+                err.__cause__ = emulator.queue_error_cause(self.id, failed_at)
             self.abort(err, failed_at)
 
     def abort(self, err: GPUError, failed_at: int) -> None:
@@ -276,18 +280,25 @@ class AqlQueue:
             if first <= failed_at <= last:
                 self.hub.fail(fut, err)
             else:
-                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {failed_at} "
-                                            f"({why}) before it ran", status=err.status, queue=self.name,
-                                            packet=last))
+                self.hub.fail(fut, _caused_by(err, GPUError(
+                    f"{fut.label}: queue {self.name} failed at packet {failed_at} ({why}) before it ran",
+                    status=err.status, queue=self.name, packet=last)))
         for group in parked:
-            self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed ({why}) "
-                                                 f"before it was submitted", status=err.status, queue=self.name))
+            self.hub.fail(group.future, _caused_by(err, GPUError(
+                f"{group.future.label}: queue {self.name} failed ({why}) before it was submitted",
+                status=err.status, queue=self.name)))
         for fut in [f for f, _ in victims] + [g.future for g in parked]:
             self.hub.retire_failed(fut)
         self._create()
 
     def __repr__(self) -> str:
         return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"
+
+
+def _caused_by(cause: BaseException, err: GPUError) -> GPUError:
+    """``err`` with ``cause`` as its ``__cause__`` (a queue-mate's failure names the queue's)."""
+    err.__cause__ = cause
+    return err
 
 
 class CopyEngines:
