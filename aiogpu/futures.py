@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any, Callable
 
 from . import _loops
+from ._interrupts import InterruptSafeLock
 from . import trace as _trace
 from .errors import GPUError
 
@@ -95,7 +96,7 @@ class GPUFuture:
         if self._state != PENDING:
             return True
         hub = self._hub
-        with hub.lock:
+        with hub.lock.raw:
             if self._state != PENDING:
                 return True
             if self._event is None:
@@ -110,7 +111,7 @@ class GPUFuture:
         if self._hub is None or self._state != PENDING:
             self._run_callback(port, fn)
             return
-        with self._hub.lock:
+        with self._hub.lock.raw:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
                 return
@@ -119,7 +120,7 @@ class GPUFuture:
     def _notify(self, port: Any, fn: Callable[["GPUFuture"], Any]) -> None:
         """Call ``fn(self)`` on ``port`` once done, without asking the backend for an early
         wake-up (safe under the runtime lock, e.g. while the future is being submitted)."""
-        with self._hub.lock:
+        with self._hub.lock.raw:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
                 return
@@ -154,14 +155,14 @@ class GPUFuture:
         return self.result()
 
     def _register(self, port: Any, awaiter: Any) -> None:
-        with self._hub.lock:
+        with self._hub.lock.raw:
             if self._state == PENDING:
                 self._ports.setdefault(port, []).append(awaiter)
                 return
         port.post([awaiter])  # finished meanwhile: wake at once
 
     def _unregister(self, port: Any, awaiter: Any) -> None:
-        with self._hub.lock:
+        with self._hub.lock.raw:
             waiters = self._ports.get(port)
             if waiters and awaiter in waiters:
                 waiters.remove(awaiter)
@@ -218,12 +219,15 @@ class FutureHub:
 
     ``lock`` is the runtime's one lock: it guards future state here and the submission state of
     the layers above (they hold it while they submit), so that a completion is never processed
-    halfway through a submission that depends on it. A subclass implements ``wake``, ``_run``
+    halfway through a submission that depends on it. It also holds Ctrl-C back while the main
+    thread holds it (``_interrupts.InterruptSafeLock``): a KeyboardInterrupt arrives when the
+    ``with`` block ends, so a submission is never left half done; ``lock.raw`` is the plain
+    RLock underneath, for the short sections here. A subclass implements ``wake``, ``_run``
     (the waiter thread's loop) and ``release_key`` (recycle a completion object).
     """
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
-        self.lock = threading.RLock()
+        self.lock = InterruptSafeLock()
         self.watchdog_s = watchdog_s
         self.spin_s = spin_s
         self._pending: dict[int, GPUFuture] = {}

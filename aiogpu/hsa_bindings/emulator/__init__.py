@@ -5,8 +5,14 @@ ctypes callback of that prototype receives them (ints for scalars, handle struct
 ctypes pointers, ints/None for ``void*``, bytes for ``char*``, CFUNCTYPE objects for callbacks).
 The loader wraps each method into a C function pointer, so the runtime calls the emulator exactly
 as it calls ``libhsa-runtime64``. Every method is guarded: an exception never reaches ctypes; an
-emulator bug is recorded in ``api_errors`` and reported as HSA_STATUS_ERROR (0 / None for
-functions that return no status).
+emulator bug (an ``Exception``) is recorded in ``api_errors`` and reported as HSA_STATUS_ERROR
+(0 / None for functions that return no status).
+
+Ctrl-C behaves as with the real library, where a signal cannot interrupt a C call halfway: on the
+main thread SIGINT is held back while an HSA call runs (the blocking waits excepted: they stop,
+as if timed out, having changed nothing), the call completes, and the KeyboardInterrupt is raised
+in the caller once the call has returned. Any other ``BaseException`` raised inside a call
+(SystemExit from a signal handler, ...) is handed to the caller the same way, never swallowed.
 
 Behaviour follows ROCr (see the module of each part): ``agents``, ``memory``, ``signals``,
 ``queues`` + ``packet_processor`` + ``dispatch`` + ``compute_units``, ``code_objects``, ``sdma``,
@@ -37,6 +43,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ... import _interrupts
 from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
@@ -97,14 +104,18 @@ class ApiError:
 
 
 def hsa_function(method: Callable) -> Callable:
-    """Never let an exception escape into ctypes; StatusError becomes the returned status."""
+    """Never let an exception escape into ctypes: StatusError becomes the returned status, another
+    Exception is an emulator bug (recorded, HSA_STATUS_ERROR), and an interrupt (a held-back
+    SIGINT, or another BaseException) is raised in the caller after the call has returned."""
     name = method.__name__
     restype = PROTOTYPES[name][0]
     returns_status = restype is T.hsa_status_t
     default = T.HSA_STATUS_ERROR if returns_status else (None if restype is None else 0)
+    interruptible = name in _BLOCKING
 
     @functools.wraps(method)
     def guarded(self: "EmulatedLibrary", *args: Any) -> Any:
+        held = None if interruptible else _interrupts.hold()
         try:
             if name not in _NO_INIT_CHECK and self._state is None:
                 raise StatusError(T.HSA_STATUS_ERROR_NOT_INITIALIZED, "hsa_init has not been called")
@@ -114,11 +125,43 @@ def hsa_function(method: Callable) -> Callable:
                 return exc.status
             self._record(name, exc)
             return default
-        except BaseException as exc:
+        except Exception as exc:
             self._record(name, exc)
             return default
+        except BaseException as exc:      # an interrupt, not a bug: the caller gets it
+            _raise_in_caller(exc)
+            return self._interrupted(name, args, default)
+        finally:
+            if held is not None:
+                _release(held)
 
+    _GUARDS.add(guarded.__code__)
     return guarded
+
+
+# Blocking waits stay interruptible: stopped early they have changed nothing (they read signals).
+_BLOCKING = frozenset({"hsa_signal_wait_scacquire", "hsa_amd_signal_wait_any"})
+_GUARDS: set = set()     # the code of the guard (one closure: one code object)
+
+
+def _in_guard(frame: Any) -> bool:
+    return frame.f_code in _GUARDS
+
+
+def _raise_in_caller(exc: BaseException) -> None:
+    def throw() -> None:
+        raise exc
+
+    _interrupts.run_in_caller(throw, _in_guard)
+
+
+def _release(held: Callable) -> None:
+    """End a hold: a SIGINT that came during the call is handled in the caller."""
+    try:
+        if _interrupts.release(held):
+            _interrupts.run_in_caller(lambda: held(_interrupts.SIGINT, None), _in_guard)
+    except BaseException as exc:          # a SIGINT just after the hold ended
+        _raise_in_caller(exc)
 
 
 class _State:
@@ -549,6 +592,18 @@ class EmulatedLibrary:
     def _record(self, where: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self.api_errors.append(ApiError(where, exc, tb))
+
+    def _interrupted(self, name: str, args: tuple, default: Any) -> Any:
+        """What a call stopped by an interrupt returns (the caller gets the interrupt as soon
+        as it runs Python again): a blocking wait reports a timeout."""
+        if name == "hsa_amd_signal_wait_any":
+            return UINT32_MAX
+        if name == "hsa_signal_wait_scacquire":
+            try:
+                return self._signal(args[0]).load()
+            except Exception:
+                return default
+        return default
 
     def _require_state(self) -> _State:
         state = self._state
