@@ -1,4 +1,8 @@
-"""Command line: ``python -m aiogpu info | demo | bench | stress``."""
+"""Command line: ``python -m aiogpu info | demo | bench | stress``.
+
+Exit status: 0 when the command succeeded, 1 when it found a problem (a mismatch, a leak, ...),
+130 after Ctrl-C (reported in one line on stderr).
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +12,12 @@ import sys
 
 def info(args: argparse.Namespace) -> int:
     """The backend, why it was chosen, and each agent with its pools, queues and engines."""
+    from .cli import closing
     from .runtime import Runtime
     from .hsa_bindings import types as T
 
     rt = Runtime(args.backend)
-    try:
+    with closing(rt):
         print(f"backend: {rt.backend}")
         print(f"reason:  {rt.reason}")
         if rt.backend == "cuda":
@@ -31,8 +36,6 @@ def info(args: argparse.Namespace) -> int:
                     engines = dev.engines.free_engines(agent, agent)
                     print(f"    SDMA engines free: {len(engines)}"
                           + ("" if rt.api.has_engine_copy else " (library lacks engine calls: shader copies)"))
-    finally:
-        rt.close()
     return 0
 
 
@@ -75,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.set_defaults(run=lambda a: _lazy("stress", a))
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and the shell's status for SIGINT (128 + 2), not a traceback.
+        print("aiogpu: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 def _lazy(name: str, args: argparse.Namespace) -> int:

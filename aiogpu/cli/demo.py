@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import aiogpu
+from aiogpu.cli import closing
 
 N = 1 << 16
 
@@ -84,12 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     rt = aiogpu.Runtime(args.backend)
     tracing = aiogpu.trace(args.trace) if args.trace else contextlib.nullcontext()
-    try:
+    with closing(rt):
         print(f"aiogpu demo on {rt.backend} ({rt.reason}); {len(rt.devices)} GPU(s)")
         with tracing:
             summary = asyncio.run(pipeline(rt, args.batches))
-    finally:
-        rt.close()
     if args.trace:
         print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     mb = summary["batches"] * N * 4 / 1e6

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import random
 import sys
 import time
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 import aiogpu
+from aiogpu.cli import closing
 from aiogpu.hsa_bindings import types as T
 
 WORDS = 64          # int64 elements per buffer
@@ -66,9 +69,12 @@ class World:
 async def _guarded(fut: Any, stats: Stats, faults_on: bool) -> bool:
     """Await ``fut``; True if it completed. Failures and hangs are counted."""
     try:
-        await asyncio.wait_for(_await(fut), OP_TIMEOUT_S)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the cancellation
+        # Ctrl-C sends, and the run would go on.
+        async with asyncio.timeout(OP_TIMEOUT_S):
+            await fut
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         stats.hangs += 1
         stats.notes.append(f"hang: {fut!r}")
     except aiogpu.GPUError as exc:
@@ -78,10 +84,6 @@ async def _guarded(fut: Any, stats: Stats, faults_on: bool) -> bool:
             stats.unexpected += 1
             stats.notes.append(f"unexpected failure without faults: {exc}")
     return False
-
-
-async def _await(fut: Any) -> None:
-    await fut
 
 
 def random_op(world: World, devices: list, stats: Stats) -> None:
@@ -212,26 +214,22 @@ async def _report(stats: Stats, total: int, progress: Any, stop: asyncio.Event) 
     while not stop.is_set():
         progress(f"{stats.ops}/{total} ops, {stats.faults} faults, {stats.failed} failed as expected, "
                  f"{stats.mismatches} mismatches")
-        try:
-            await asyncio.wait_for(stop.wait(), 2.0)
-        except asyncio.TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await stop.wait()
 
 
 def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool = True,
                period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, dict]:
     """Run the stress workload on a fresh emulated runtime; returns (stats, leaks)."""
     rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
-    try:
+    with closing(rt):
         stats = asyncio.run(run_async(rt, ops, tasks, seed, faults, period, progress))
         rt.api.emulator.faults.reset()
         wait_idle(rt, 30)
-        import gc
         gc.collect()
         leaks = count_leaks(rt)
         stats.faults = max(stats.faults, len(rt.api.emulator.faults.fired))
-    finally:
-        rt.close()
     return stats, leaks
 
 
