@@ -13,6 +13,7 @@ import contextvars
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable
 
@@ -205,6 +206,12 @@ def was_retrieved(exc: BaseException) -> bool:
     return any(getattr(e, "_aiogpu_retrieved", False) for e in cause_chain(exc))
 
 
+def _queue_order(fut: GPUFuture) -> tuple:
+    """Where ``fut`` stands in its queue or engine: published packets by index, then work not
+    yet published (engines: by submission time)."""
+    return (fut.packet is None, fut.packet or 0, fut.submitted_at)
+
+
 def completed_future(hub: "FutureHub | None", label: str = "",
                      exc: BaseException | None = None) -> GPUFuture:
     """A future that is already done (or failed with ``exc``)."""
@@ -237,6 +244,8 @@ class FutureHub:
         self._stop = False
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
+        self._given_up: "weakref.WeakSet[GPUFuture]" = weakref.WeakSet()   # not timed out again
+        self._ready_since: dict[GPUFuture, float] = {}   # when the watchdog saw it could run
         self.owner: Any = None
         # Called under the lock for a future the watchdog gave up on; returns True if the
         # backend failed and retired it itself (e.g. by aborting its queue).
@@ -369,24 +378,51 @@ class FutureHub:
         self._post(posts)
 
     def _check_watchdog(self, posts: dict) -> None:
+        """Fail work that could run but stays silent for ``watchdog_s`` (a lost completion).
+
+        Silence counts from when the work could first run, as seen by this check: the oldest
+        unretired operation of its queue or engine (they run their work in order, so younger
+        work may only be waiting behind it) with everything it waits for complete. Work held up
+        behind a stuck operation therefore gets its full time once that one is dealt with. A
+        completion that arrived since the scan is not a timeout. An operation that has failed
+        already (a dependency failed) but whose work is stuck has its queue aborted, so the work
+        behind it is not held up for ever; the timeout names that failure as its cause."""
         from .errors import WatchdogTimeout
 
-        deadline = time.monotonic() - self.watchdog_s
-        stale = [f for f in self._pending.values() if f._state == PENDING and f.submitted_at < deadline
-                 and all(self.is_complete(k) for k in f._dep_signals)]   # runnable, yet silent
-        for fut in stale:
-            if fut._state != PENDING:      # failed meanwhile by an abort of its queue
+        now = time.monotonic()
+        oldest: dict[Any, GPUFuture] = {}
+        for f in self._pending.values():
+            current = oldest.get(f.queue)
+            if current is None or _queue_order(f) < _queue_order(current):
+                oldest[f.queue] = f
+        ready, self._ready_since = self._ready_since, {}
+        stale = []
+        for f in oldest.values():
+            if f._retiring or f in self._given_up or not self._runnable(f) or self.is_complete(f.signal):
                 continue
+            since = self._ready_since[f] = ready.get(f, now)
+            if since <= now - self.watchdog_s:
+                stale.append(f)                                  # runnable, yet silent
+        for fut in stale:
             exc = WatchdogTimeout(f"{fut.label} on {fut.queue}: no completion within "
                                   f"{self.watchdog_s:g} s (lost or stalled completion)",
                                   queue=fut.queue, packet=fut.packet)
+            exc.__cause__ = fut._exc
             if self.on_timeout is not None and self.on_timeout(fut, exc):
                 continue             # the backend aborted its queue: everything on it retired
-            # Work that cannot be aborted (a copy on an engine) may still run: fail it for its
-            # awaiters but keep watching it, so its memory and signal are reused only once it
-            # has really finished.
-            self._finish(fut, exc, posts)
-            self.leaked.append(fut)
+            self._given_up.add(fut)
+            if fut._state == PENDING:
+                # Work that cannot be aborted (a copy on an engine) may still run: fail it for
+                # its awaiters but keep watching it, so its memory and signal are reused only
+                # once it has really finished.
+                self._finish(fut, exc, posts)
+                self.leaked.append(fut)
+
+    def _runnable(self, fut: GPUFuture) -> bool:
+        """Nothing ``fut``'s work waits for on the device is still outstanding: the signals its
+        packets name, and the work it was ordered after (a graph node waits on its lane's)."""
+        return (all(self.is_complete(k) for k in fut._dep_signals)
+                and all(p.retired or (p.signal and self.is_complete(p.signal)) for p in fut.preds))
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
