@@ -197,30 +197,40 @@ async def worker(seed: int, devices: list, budget: list, stats: Stats, faults: A
 
 
 async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stats, period: float) -> None:
-    """Arm a random fault every ``period`` seconds while the workers run."""
+    """Arm a random fault every ``period`` seconds on average while the workers run. The loop
+    is busy with the workers' bursts, so this task may wake late: it then arms the faults that
+    fell due meanwhile (up to 8 at a time), keeping the rate whatever the load."""
     faults = rt.api.emulator.faults
     gpus = len(rt.devices)
+    loop = asyncio.get_running_loop()
+    last = loop.time()
     while not stop.is_set():
         await asyncio.sleep(period * (0.5 + rng.random()))
-        kind = rng.choice(["queue_error", "memory_fault", "lost", "delay", "sdma", "eager"])
-        if kind == "queue_error":
-            faults.queue_error_at(rng.randrange(1, 50), status=rng.choice(
-                [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]), agent=rng.randrange(gpus))
-        elif kind == "memory_fault":
-            faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
-        elif kind == "lost":
-            faults.lose_completion_at(rng.randrange(1, 50))
-        elif kind == "delay":
-            faults.delay_completions(0.05, count=rng.randrange(1, 5))
-        elif kind == "sdma":
-            faults.exhaust_sdma(rng.randrange(gpus))
-            await asyncio.sleep(period)
-            faults.restore_sdma()
-        else:
-            faults.eager = True
-            await asyncio.sleep(period)
-            faults.eager = False
-        stats.faults += 1
+        now = loop.time()
+        due, last = max(1, min(8, round((now - last) / period))), now
+        for _ in range(due):
+            kind = rng.choice(["queue_error", "memory_fault", "lost", "delay", "sdma", "eager"])
+            stats.faults += 1
+            if kind == "queue_error":
+                faults.queue_error_at(rng.randrange(1, 50), status=rng.choice(
+                    [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]),
+                    agent=rng.randrange(gpus))
+            elif kind == "memory_fault":
+                faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
+            elif kind == "lost":
+                faults.lose_completion_at(rng.randrange(1, 50))
+            elif kind == "delay":
+                faults.delay_completions(0.05, count=rng.randrange(1, 5))
+            elif kind == "sdma":              # a state for a while: the rest waits for next time
+                faults.exhaust_sdma(rng.randrange(gpus))
+                await asyncio.sleep(period)
+                faults.restore_sdma()
+                break
+            else:
+                faults.eager = True
+                await asyncio.sleep(period)
+                faults.eager = False
+                break
 
 
 def wait_idle(rt: Any, timeout: float) -> None:
