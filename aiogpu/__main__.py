@@ -1,4 +1,8 @@
-"""Command line: ``aiogpu info | demo | bench | stress`` (also ``python -m aiogpu ...``)."""
+"""Command line: ``aiogpu info | demo | bench | stress`` (also ``python -m aiogpu ...``).
+
+Exit status: 0 when the command succeeded, 1 when it found a problem (a mismatch, a leak, ...),
+2 for a usage error (one line on stderr), 130 after Ctrl-C (reported in one line on stderr).
+"""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     except (BackendUnavailable, _BadBackend) as exc:     # a usage error: one line, exit 2
         print(f"aiogpu {args.command}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and the shell's status for SIGINT (128 + 2), not a traceback.
+        print("aiogpu: interrupted", file=sys.stderr, flush=True)
+        return 130
 
 
 class _BadBackend(ValueError):

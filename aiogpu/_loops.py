@@ -1,17 +1,40 @@
 """The only event-loop-specific code: how a GPU completion reaches an asyncio loop or a trio run.
 
 A *port* is one event loop. The waiter thread hands each port a batch of completions with one
-thread-safe call per wake-up (``post``), never one call per future. Posting to a loop that has
-closed, or a trio run that has finished, is dropped silently: the waiter thread never raises.
+thread-safe call per wake-up (``post``), never one call per future. A batch holds awaiters
+(parked tasks) and ``Callback`` items (done-callbacks); the loop runs through all of it, and a
+callback that raises stops nothing else: on asyncio its exception goes to the loop's exception
+handler, as for any asyncio callback; on trio, which has no such handler, it is logged on the
+``aiogpu`` logger. KeyboardInterrupt and SystemExit from a callback propagate (asyncio: out of the
+loop, as asyncio does), after the rest of the batch has been handed to the loop again.
+Posting to a loop that has closed, or a trio run that has finished, is dropped silently: the
+waiter thread never raises.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import weakref
 from typing import Any, Callable, Generator
 
 Batch = list[Any]
+log = logging.getLogger("aiogpu")
+
+
+class Callback:
+    """A done-callback in a batch: ``fn(arg)`` on the loop that registered it."""
+
+    __slots__ = ("fn", "arg")
+
+    def __init__(self, fn: Callable[[Any], Any], arg: Any):
+        self.fn, self.arg = fn, arg
+
+    def run(self) -> None:
+        self.fn(self.arg)
+
+    def set_result(self, _value: Any) -> None:  # callbacks with no loop run on the waiter thread
+        self.run()
 
 
 class AsyncioPort:
@@ -36,15 +59,27 @@ class AsyncioPort:
         try:
             yield from fut.__await__()
         finally:
-            if not fut.done():  # cancelled: detach this awaiter only
+            # Cancelled: detach this awaiter only. A task destroyed after its loop was closed
+            # also gets here; cancelling would schedule on the closed loop, so it is left be.
+            if not fut.done() and not loop.is_closed():
                 fut.cancel()
             unregister(fut)
 
 
-def _wake_asyncio(awaiters: Batch) -> None:
-    for fut in awaiters:
-        if not fut.done():
-            fut.set_result(None)
+def _wake_asyncio(batch: Batch) -> None:
+    loop = asyncio.get_running_loop()
+    for i, item in enumerate(batch):
+        if type(item) is Callback:
+            try:
+                item.run()
+            except (SystemExit, KeyboardInterrupt):
+                loop.call_soon(_wake_asyncio, batch[i + 1:])
+                raise
+            except BaseException as exc:
+                loop.call_exception_handler({"message": f"Exception in GPUFuture done-callback {item.fn!r}",
+                                             "exception": exc, "future": item.arg})
+        elif not item.done():
+            item.set_result(None)
 
 
 class TrioPort:
@@ -79,13 +114,30 @@ class TrioPort:
             unregister(cell)
 
 
-def _wake_trio(awaiters: Batch) -> None:
+def _wake_trio(batch: Batch) -> None:
     import trio
 
-    for cell in awaiters:
-        if not cell[1]:
-            cell[1] = True
-            trio.lowlevel.reschedule(cell[0])
+    for i, item in enumerate(batch):
+        if type(item) is Callback:
+            try:
+                item.run()
+            except (SystemExit, KeyboardInterrupt):
+                trio.lowlevel.current_trio_token().run_sync_soon(_wake_trio, batch[i + 1:])
+                raise
+            except BaseException:
+                log.exception("exception in GPUFuture done-callback %r", item.fn)
+        elif not item[1]:
+            item[1] = True
+            trio.lowlevel.reschedule(item[0])
+
+
+def checkpoint() -> Generator:
+    """A trio checkpoint (a cancellation point and a schedule point), for awaits that would
+    otherwise complete without yielding; nothing on asyncio (asyncio has no such rule)."""
+    if _in_trio() is not None:
+        import trio
+
+        yield from trio.lowlevel.checkpoint().__await__()
 
 
 _asyncio_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioPort]" = weakref.WeakKeyDictionary()
@@ -93,11 +145,15 @@ _trio_ports: dict[Any, TrioPort] = {}
 
 
 def _in_trio() -> Any:
+    """The current trio run's token, or None. Reads ``trio.lowlevel`` only once trio is fully
+    imported: while another thread imports it, ``sys.modules["trio"]`` is half-built (and no
+    trio run can exist yet)."""
     trio = sys.modules.get("trio")
-    if trio is None:
+    current = getattr(getattr(trio, "lowlevel", None), "current_trio_token", None)
+    if current is None:
         return None
     try:
-        return trio.lowlevel.current_trio_token()
+        return current()
     except RuntimeError:
         return None
 

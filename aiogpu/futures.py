@@ -13,10 +13,12 @@ import contextvars
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Callable
 
 from . import _loops
+from ._interrupts import InterruptSafeLock
 from . import trace as _trace
 from .errors import GPUError, InvalidStateError
 
@@ -38,7 +40,7 @@ class GPUFuture:
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "ready_at", "keep", "members", "__weakref__")
+                 "lane", "submitted_at", "keep", "members", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub = hub
@@ -64,7 +66,6 @@ class GPUFuture:
         self.packet: int | None = None    # packet index of the completion packet in that queue
         self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
         self.submitted_at = time.monotonic()
-        self.ready_at: float | None = None  # when the watchdog saw that it could run
         self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
 
@@ -74,10 +75,14 @@ class GPUFuture:
         return self._state != PENDING
 
     def result(self) -> Any:
-        """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError."""
+        """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError.
+
+        Like ``exception()`` (and ``await``), it marks the failure as *retrieved*: someone saw it
+        (see ``aiogpu.TaskGroup``)."""
         if self._state == PENDING:
             raise InvalidStateError(f"{self!r} is not done")
         if self._exc is not None:
+            mark_retrieved(self._exc)
             raise self._exc
         return self.value
 
@@ -85,6 +90,8 @@ class GPUFuture:
         """The failure (a GPUError), None on success; InvalidStateError while pending."""
         if self._state == PENDING:
             raise InvalidStateError(f"{self!r} is not done")
+        if self._exc is not None:
+            mark_retrieved(self._exc)
         return self._exc
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -93,7 +100,7 @@ class GPUFuture:
             return True
         hub = self._hub
         hub.arm(self)
-        with hub.lock:
+        with hub.lock.raw:
             if self._state != PENDING:
                 return True
             if self._event is None:
@@ -109,7 +116,16 @@ class GPUFuture:
             self._run_callback(port, fn)
             return
         self._hub.arm(self)
-        with self._hub.lock:
+        with self._hub.lock.raw:
+            if self._state == PENDING:
+                self._callbacks.append((port, fn))
+                return
+        self._run_callback(port, fn)
+
+    def _notify(self, port: Any, fn: Callable[["GPUFuture"], Any]) -> None:
+        """Call ``fn(self)`` on ``port`` once done, without asking the backend for an early
+        wake-up (safe under the runtime lock, e.g. while the future is being submitted)."""
+        with self._hub.lock.raw:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
                 return
@@ -122,7 +138,15 @@ class GPUFuture:
             port.post([_CallbackAwaiter(fn, self)])
 
     def __await__(self):
-        if self._state == PENDING:
+        """Wait for the work without blocking the loop; returns ``result()``.
+
+        Under trio every await is a checkpoint, also of a future that is already done (trio's
+        rule for library calls: a cancellation point and a schedule point). Under asyncio a
+        done future returns at once, as an asyncio future does."""
+        if self._state != PENDING:
+            if _loops._in_trio() is not None:
+                yield from _loops.checkpoint()
+        else:
             port = _loops.current_port()
             if port is None:
                 raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
@@ -145,14 +169,14 @@ class GPUFuture:
         return self.result()
 
     def _register(self, port: Any, awaiter: Any) -> None:
-        with self._hub.lock:
+        with self._hub.lock.raw:
             if self._state == PENDING:
                 self._ports.setdefault(port, []).append(awaiter)
                 return
         port.post([awaiter])  # finished meanwhile: wake at once
 
     def _unregister(self, port: Any, awaiter: Any) -> None:
-        with self._hub.lock:
+        with self._hub.lock.raw:
             waiters = self._ports.get(port)
             if waiters and awaiter in waiters:
                 waiters.remove(awaiter)
@@ -163,37 +187,49 @@ class GPUFuture:
         return f"<GPUFuture {self.label or '?'}{where} {state}>"
 
 
-class _CallbackAwaiter:
-    """A done-callback delivered through a port like an awaiter."""
-
-    __slots__ = ("fn", "fut")
-
-    def __init__(self, fn: Callable, fut: GPUFuture):
-        self.fn, self.fut = fn, fut
-
-    def done(self) -> bool:
-        return False
-
-    def set_result(self, _value: Any) -> None:
-        self.fn(self.fut)
-
-    def __getitem__(self, i: int) -> Any:  # trio ports use [task, woken] cells
-        raise TypeError
+# A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
+_CallbackAwaiter = _loops.Callback
 
 
-def _finished(fut: GPUFuture) -> bool:
-    """Whether ``fut`` no longer holds back work ordered after it (the watchdog's view): it
-    completed, or its work retired, or the watchdog itself gave up on it."""
-    from .errors import WatchdogTimeout
-    return fut._state == DONE or fut.retired or isinstance(fut._exc, WatchdogTimeout)
+def mark_retrieved(exc: BaseException) -> None:
+    """Note that ``exc`` and the failures it was caused by (its ``__cause__`` chain: a dependent's
+    error names the failure it follows from) have been seen by the program."""
+    for e in cause_chain(exc):
+        try:
+            e._aiogpu_retrieved = True
+        except AttributeError:       # an exception type that takes no attributes: not marked
+            pass
+
+
+def cause_chain(exc: BaseException | None) -> list[BaseException]:
+    """``exc`` and the exceptions it was caused by, nearest first."""
+    chain: list[BaseException] = []
+    while exc is not None and len(chain) < 64 and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__
+    return chain
+
+
+def was_retrieved(exc: BaseException) -> bool:
+    """True if the program saw ``exc``, or a failure it was caused by (``mark_retrieved``)."""
+    return any(getattr(e, "_aiogpu_retrieved", False) for e in cause_chain(exc))
+
+
+def _queue_order(fut: GPUFuture) -> tuple:
+    """Where ``fut`` stands in its queue or engine: published packets by index, then work not
+    yet published (engines: by submission time)."""
+    return (fut.packet is None, fut.packet or 0, fut.submitted_at)
 
 
 def completed_future(hub: "FutureHub | None", label: str = "",
                      exc: BaseException | None = None) -> GPUFuture:
-    """A future that is already done (or failed with ``exc``)."""
+    """A future that is already done (or failed with ``exc``): an operation of ``hub``'s runtime
+    that never ran on the device (traced as such)."""
     fut = GPUFuture(hub, label)
     fut._state = FAILED if exc is not None else DONE
     fut._exc = exc
+    if hub is not None and _trace.active is not None:
+        _trace.active.record(fut, None, ran=False)
     return fut
 
 
@@ -202,12 +238,15 @@ class FutureHub:
 
     ``lock`` is the runtime's one lock: it guards future state here and the submission state of
     the layers above (they hold it while they submit), so that a completion is never processed
-    halfway through a submission that depends on it. A subclass implements ``wake``, ``_run``
+    halfway through a submission that depends on it. It also holds Ctrl-C back while the main
+    thread holds it (``_interrupts.InterruptSafeLock``): a KeyboardInterrupt arrives when the
+    ``with`` block ends, so a submission is never left half done; ``lock.raw`` is the plain
+    RLock underneath, for the short sections here. A subclass implements ``wake``, ``_run``
     (the waiter thread's loop) and ``release_key`` (recycle a completion object).
     """
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
-        self.lock = threading.RLock()
+        self.lock = InterruptSafeLock()
         self.watchdog_s = watchdog_s
         self.spin_s = spin_s
         self.awaiting = 0            # futures being awaited now (the spin policy reads it)
@@ -218,6 +257,8 @@ class FutureHub:
         self._stop = False
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
+        self._given_up: "weakref.WeakSet[GPUFuture]" = weakref.WeakSet()   # not timed out again
+        self._ready_since: dict[GPUFuture, float] = {}   # when the watchdog saw it could run
         self.owner: Any = None
         # Called under the lock for a future the watchdog gave up on; returns True if the
         # backend failed and retired it itself (e.g. by aborting its queue).
@@ -375,40 +416,51 @@ class FutureHub:
         self._post(posts)
 
     def _check_watchdog(self, posts: dict) -> None:
-        """Fail work whose completion has not arrived ``watchdog_s`` seconds after it could
-        start: after every operation it waits for has finished and every earlier one on its
-        lane (queue or stream) has settled, as this check observed. Time spent waiting behind
-        other work does not count; a graph replay's work on one lane counts as one operation."""
+        """Fail work that could run but stays silent for ``watchdog_s`` (a lost completion).
+
+        Silence counts from when the work could first run, as seen by this check: the oldest
+        unretired operation of its queue or engine (they run their work in order, so younger
+        work may only be waiting behind it) with everything it waits for complete. Work held up
+        behind a stuck operation therefore gets its full time once that one is dealt with. A
+        completion that arrived since the scan is not a timeout. An operation that has failed
+        already (a dependency failed) but whose work is stuck has its queue aborted, so the work
+        behind it is not held up for ever; the timeout names that failure as its cause."""
         from .errors import WatchdogTimeout
 
         now = time.monotonic()
-        deadline = now - self.watchdog_s
-        first_on_lane: dict[int, GPUFuture] = {}
-        for f in self._pending.values():        # in submission order
-            if f._state == PENDING and f.lane is not None:
-                first_on_lane.setdefault(id(f.lane), f)
-        stale = []
+        oldest: dict[Any, GPUFuture] = {}
         for f in self._pending.values():
-            if f._state != PENDING:
+            current = oldest.get(f.queue)
+            if current is None or _queue_order(f) < _queue_order(current):
+                oldest[f.queue] = f
+        ready, self._ready_since = self._ready_since, {}
+        stale = []
+        for f in oldest.values():
+            if f._retiring or f in self._given_up or not self._runnable(f) or self.is_complete(f.signal):
                 continue
-            if f.ready_at is None:
-                if (f.lane is None or first_on_lane[id(f.lane)] is f) and all(map(_finished, f.preds)):
-                    f.ready_at = now
-            elif f.ready_at < deadline:
-                stale.append(f)                  # runnable, yet silent
+            since = self._ready_since[f] = ready.get(f, now)
+            if since <= now - self.watchdog_s:
+                stale.append(f)                                  # runnable, yet silent
         for fut in stale:
-            if fut._state != PENDING:      # failed meanwhile by an abort of its queue
-                continue
             exc = WatchdogTimeout(f"{fut.label} on {fut.queue}: no completion within "
                                   f"{self.watchdog_s:g} s (lost or stalled completion)",
                                   queue=fut.queue, packet=fut.packet)
+            exc.__cause__ = fut._exc
             if self.on_timeout is not None and self.on_timeout(fut, exc):
                 continue             # the backend aborted its queue: everything on it retired
-            # Work that cannot be aborted (a copy on an engine) may still run: fail it for its
-            # awaiters but keep watching it, so its memory and signal are reused only once it
-            # has really finished.
-            self._finish(fut, exc, posts)
-            self.leaked.append(fut)
+            self._given_up.add(fut)
+            if fut._state == PENDING:
+                # Work that cannot be aborted (a copy on an engine) may still run: fail it for
+                # its awaiters but keep watching it, so its memory and signal are reused only
+                # once it has really finished.
+                self._finish(fut, exc, posts)
+                self.leaked.append(fut)
+
+    def _runnable(self, fut: GPUFuture) -> bool:
+        """Nothing ``fut``'s work waits for on the device is still outstanding: the signals its
+        packets name, and the work it was ordered after (a graph node waits on its lane's)."""
+        return (all(self.is_complete(k) for k in fut._dep_signals)
+                and all(p.retired or (p.signal and self.is_complete(p.signal)) for p in fut.preds))
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:

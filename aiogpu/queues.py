@@ -331,6 +331,10 @@ class AqlQueue:
             if generation != self.generation or self._q is None:
                 return
             err = GPUError(f"queue {self.name} failed: {T.status_name(status)}", status=status, queue=self.name)
+            # HSA's callback carries a status only; the emulator can say what happened.
+            emulator = self.api.emulator
+            if emulator is not None:
+                err.__cause__ = emulator.queue_error_cause(self.id)
             self.abort(err, None)
 
     def abort(self, err: GPUError, failed_at: int | None = None) -> None:
@@ -359,18 +363,20 @@ class AqlQueue:
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
         for fut, (first, last) in pending:
             if blamed is not None and fut is blamed[0]:
-                self.hub.fail(fut, err if failed_at is not None else GPUError(
+                self.hub.fail(fut, err if failed_at is not None else _caused_by(err.__cause__ or err, GPUError(
                     f"{fut.label}: queue {self.name} failed at packet {last}: {why}", status=err.status,
-                    queue=self.name, packet=last))
+                    queue=self.name, packet=last)))
             elif blamed is not None:
-                self.hub.fail(fut, GPUError(f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} "
-                                            f"({why}) before it completed", status=err.status, queue=self.name,
-                                            packet=last))
+                self.hub.fail(fut, _caused_by(err, GPUError(
+                    f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} ({why}) before it "
+                    f"completed", status=err.status, queue=self.name, packet=last)))
             else:
-                self.hub.fail(fut, GPUError(f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last))
+                self.hub.fail(fut, _caused_by(err.__cause__ or err, GPUError(
+                    f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last)))
         for group in parked:
-            self.hub.fail(group.future, GPUError(f"{group.future.label}: queue {self.name} failed ({why}) "
-                                                 f"before it was submitted", status=err.status, queue=self.name))
+            self.hub.fail(group.future, _caused_by(err, GPUError(
+                f"{group.future.label}: queue {self.name} failed ({why}) before it was submitted",
+                status=err.status, queue=self.name)))
         for fut in [f for f, _ in pending] + [g.future for g in parked]:
             self.hub.retire_failed(fut)
         self._create()
@@ -385,6 +391,12 @@ class AqlQueue:
 
     def __repr__(self) -> str:
         return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"
+
+
+def _caused_by(cause: BaseException, err: GPUError) -> GPUError:
+    """``err`` with ``cause`` as its ``__cause__`` (a queue-mate's failure names the queue's)."""
+    err.__cause__ = cause
+    return err
 
 
 class CopyEngines:

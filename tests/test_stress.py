@@ -15,7 +15,7 @@ def test_stress_without_faults_has_no_failures():
 
 
 def test_stress_with_faults_loses_nothing_and_leaks_nothing():
-    stats, leaks = run_stress(ops=4000, gpus=4, seed=12, tasks=64, faults=True, period=0.05)
+    stats, leaks = run_stress(ops=5000, gpus=4, seed=12, tasks=64, faults=True, period=0.05)
     assert stats.faults >= 5, "the run injected too few faults to prove anything"
     assert stats.mismatches == 0, stats.notes
     assert stats.hangs == 0, stats.notes

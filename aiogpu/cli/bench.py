@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 import aiogpu
+from aiogpu.cli import INTERRUPTED_CLOSE_S
 from aiogpu.hsa_bindings import types as T
 
 
@@ -224,6 +225,7 @@ def measure(backend: str | None, quick: bool) -> dict:
     rt = aiogpu.Runtime(backend)
     res: dict[str, Any] = {"backend": rt.backend, "reason": rt.reason, "quick": quick}
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=64)
+    interrupted = False
     try:
         dev, devs = rt.devices[0], rt.devices
         progress(f"round trip, {n} awaits each")
@@ -244,9 +246,13 @@ def measure(backend: str | None, quick: bool) -> dict:
         res.update(asyncio.run(graph_costs(devs, 100, reps)))
         progress(f"data loading over {len(devs)} GPU(s): serial vs aiogpu.Loader")
         res.update(asyncio.run(loader_throughput(devs, 16 if quick else 48, 1 << 18)))
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        pool.shutdown()
-        rt.close()
+        # After Ctrl-C: drop the queued blocking waits and do not wait for the GPU's work.
+        pool.shutdown(wait=not interrupted, cancel_futures=interrupted)
+        rt.close(timeout=INTERRUPTED_CLOSE_S if interrupted else 10.0)
     return res
 
 

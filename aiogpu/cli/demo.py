@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 import aiogpu
+from aiogpu.cli import closing
 
 N = 1 << 16
 
@@ -61,12 +62,12 @@ async def pipeline(rt: aiogpu.Runtime, batches: int, in_flight: int = 4, devices
             zero = y.fill(0)
             k0 = d0.launch(saxpy, grid=(N,), block=(256,), args=(y, x, 3.0, N), after=[up, zero])
             peer = aiogpu.copy(z, y, after=[k0])
-            d1.launch(scale, grid=(N,), block=(256,), args=(z, 0.5, N), after=[peer])
+            k1 = d1.launch(scale, grid=(N,), block=(256,), args=(z, 0.5, N), after=[peer])
             out = z.to_numpy(np.float32)
             result = await out
             for f in (up, peer, out):
                 where[f"{f.label.split(' ')[1]} on {f.queue}"] += 1
-            ops += 7
+            ops += len((up, zero, k0, peer, k1, out))     # the GPU operations of one batch
             if not np.allclose(result, xs * 1.5, rtol=1e-6):
                 mismatches += 1
             for b in (x, y, z):
@@ -84,12 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     rt = aiogpu.Runtime(args.backend)
     tracing = aiogpu.trace(args.trace) if args.trace else contextlib.nullcontext()
-    try:
+    with closing(rt):
         print(f"aiogpu demo on {rt.backend} ({rt.reason}); {len(rt.devices)} GPU(s)")
         with tracing:
             summary = asyncio.run(pipeline(rt, args.batches))
-    finally:
-        rt.close()
     if args.trace:
         print(f"trace written to {args.trace} (open it in ui.perfetto.dev)")
     mb = summary["batches"] * N * 4 / 1e6

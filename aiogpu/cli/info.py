@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 
+from . import closing
+
 
 def run(args: argparse.Namespace) -> int:
     from ..runtime import Runtime
 
     rt = Runtime(args.backend)
-    try:
+    with closing(rt):
         print(rt.describe())
-    finally:
-        rt.close()
     return 0

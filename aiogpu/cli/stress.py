@@ -6,13 +6,19 @@ device-to-device and peer copies, gathers, replays of a small captured graph), r
 runtime to order them on the device, and now and then copies a buffer back and compares it with
 the shadow. Meanwhile faults are injected at random points: queue errors, memory faults, lost
 completions (caught by the runtime's watchdog), delayed completions, SDMA exhaustion and the eager
-packet processor. A failed read-back must be a GPUError (then the task re-uploads its shadow); a
-successful one must match. At the end every resource counter must be back at its baseline.
+packet processor. A failed read-back must be a GPUError that follows from an injected fault (its
+cause chain leads to one: see ``injected_cause``), then the task re-uploads its shadow; any other
+failure is unexpected. A successful read-back must match. ``--ops N`` submits exactly N random
+operations (a gather of three launches counts four, a graph replay two; read-backs and
+re-uploads are checks, not counted). At the end every resource counter must be back at its
+baseline.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import random
 import sys
 import time
@@ -22,7 +28,10 @@ from typing import Any
 import numpy as np
 
 import aiogpu
+from aiogpu.cli import closing
+from aiogpu.futures import cause_chain
 from aiogpu.hsa_bindings import types as T
+from aiogpu.hsa_bindings.emulator import InjectedFault
 
 WORDS = 64          # int64 elements per buffer
 OP_TIMEOUT_S = 60.0  # an await that takes longer than this counts as a hang
@@ -42,8 +51,8 @@ def add_buf(launch, dst, src):
 class Stats:
     ops: int = 0
     checks: int = 0
-    failed: int = 0          # futures that failed with a GPUError while faults were injected
-    unexpected: int = 0      # failures of another kind, or with no fault injected
+    failed: int = 0          # futures whose GPUError follows from an injected fault
+    unexpected: int = 0      # GPUErrors that no injected fault explains
     mismatches: int = 0
     hangs: int = 0
     faults: int = 0
@@ -63,47 +72,77 @@ class World:
         return [aiogpu.copy(b, s.copy()) for b, s in zip(self.buffers, self.shadow)]
 
 
-async def _guarded(fut: Any, stats: Stats, faults_on: bool) -> bool:
-    """Await ``fut``; True if it completed. Failures and hangs are counted."""
+async def _guarded(fut: Any, stats: Stats, faults: Any) -> bool:
+    """Await ``fut``; True if it completed. Failures and hangs are counted: a failure is
+    expected only when an injected fault caused it (``injected_cause``)."""
     try:
-        await asyncio.wait_for(_await(fut), OP_TIMEOUT_S)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow the cancellation
+        # Ctrl-C sends, and the run would go on.
+        async with asyncio.timeout(OP_TIMEOUT_S):
+            await fut
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         stats.hangs += 1
         stats.notes.append(f"hang: {fut!r}")
     except aiogpu.GPUError as exc:
-        if faults_on:
+        if injected_cause(exc, faults) is not None:
             stats.failed += 1
         else:
             stats.unexpected += 1
-            stats.notes.append(f"unexpected failure without faults: {exc}")
+            chain = " <- ".join(f"{type(e).__name__}: {e}" for e in cause_chain(exc))
+            stats.notes.append(f"failure no injected fault explains: {chain}")
     return False
 
 
-async def _await(fut: Any) -> None:
-    await fut
+def injected_cause(exc: BaseException, faults: Any) -> Any:
+    """The injected fault that ``exc`` follows from, or None.
+
+    A failure carries its cause chain: a dependent's GPUError names the failure it follows from,
+    a queue-mate's names the queue's error, and a queue error names what the emulator saw
+    (``EmulatedLibrary.queue_error_cause``): an ``InjectedFault`` for an injected queue error or
+    memory fault. A lost completion shows as the runtime's WatchdogTimeout for that packet: it is
+    injected if the emulator lost a completion of that GPU at that packet index.
+    """
+    for e in cause_chain(exc):
+        if isinstance(e, InjectedFault):
+            return e.record
+        if isinstance(e, aiogpu.WatchdogTimeout):
+            gpu = _gpu_of(e.queue)
+            return next((f for f in list(faults.fired) if f.kind == "lost_completion" and f.agent == gpu
+                         and f.packet == e.packet), None)
+    return None
 
 
-def random_op(world: World, devices: list, stats: Stats) -> None:
-    """Submit one random operation and update the shadow as the device will."""
+def _gpu_of(queue: str | None) -> int | None:
+    """The GPU index of a runtime queue or engine name ("gpu1.q0", "gpu1.sdma0")."""
+    if not queue or not queue.startswith("gpu"):
+        return None
+    head = queue[3:].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _take(budget: list, n: int) -> bool:
+    """Reserve ``n`` operations of the run's budget (all or none)."""
+    if budget[0] < n:
+        return False
+    budget[0] -= n
+    return True
+
+
+def random_op(world: World, budget: list, stats: Stats) -> int:
+    """Submit one random operation that fits the budget and update the shadow as the device
+    will; returns how many GPU operations it submitted (0: the budget is spent)."""
     rng, bufs, shadow = world.rng, world.buffers, world.shadow
     choice = rng.random()
     i, j = rng.randrange(len(bufs)), rng.randrange(len(bufs))
-    if choice < 0.35:
-        c = rng.randrange(1, 100)
-        bufs[i].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[i], c))
-        shadow[i] += c
-    elif choice < 0.5 and i != j and bufs[i].device is bufs[j].device:
-        bufs[i].device.launch(add_buf, grid=(WORDS,), block=(64,), args=(bufs[i], bufs[j]))
-        shadow[i] += shadow[j]
-    elif choice < 0.7 and i != j:
-        aiogpu.copy(bufs[i], bufs[j])                    # D2D or peer
-        shadow[i] = shadow[j].copy()
-    elif choice < 0.8:
-        data = np.arange(WORDS, dtype=np.int64) * rng.randrange(1, 9)
-        aiogpu.copy(bufs[i], data)                        # H2D (the future keeps data alive)
-        shadow[i] = data.copy()
-    elif choice < 0.9:
+    if choice >= 0.9 and _take(budget, len(bufs) + 1):   # a launch per buffer and their gather
+        futs = [bufs[k].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[k], 1))
+                for k in range(len(bufs))]
+        aiogpu.gather(*futs)
+        for s in shadow:
+            s += 1
+        n = len(bufs) + 1
+    elif 0.8 <= choice < 0.9 and _take(budget, 2):       # a graph replay: a launch and a copy
         if world.graph is None:
             with aiogpu.Graph() as g:
                 a = bufs[0].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[0], 3))
@@ -112,64 +151,86 @@ def random_op(world: World, devices: list, stats: Stats) -> None:
         world.graph.launch()
         shadow[0] += 3
         shadow[1] = shadow[0].copy()
-        stats.ops += 1                                    # a replay is two operations
-    else:
-        futs = [bufs[k].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[k], 1))
-                for k in range(len(bufs))]
-        aiogpu.gather(*futs)
-        for s in shadow:
-            s += 1
-        stats.ops += len(bufs)
-    stats.ops += 1
+        n = 2
+    elif not _take(budget, 1):
+        return 0
+    elif 0.35 <= choice < 0.5 and i != j and bufs[i].device is bufs[j].device:
+        bufs[i].device.launch(add_buf, grid=(WORDS,), block=(64,), args=(bufs[i], bufs[j]))
+        shadow[i] += shadow[j]
+        n = 1
+    elif 0.5 <= choice < 0.7 and i != j:
+        aiogpu.copy(bufs[i], bufs[j])                    # D2D or peer
+        shadow[i] = shadow[j].copy()
+        n = 1
+    elif 0.7 <= choice < 0.8:
+        data = np.arange(WORDS, dtype=np.int64) * rng.randrange(1, 9)
+        aiogpu.copy(bufs[i], data)                        # H2D (the future keeps data alive)
+        shadow[i] = data.copy()
+        n = 1
+    else:                                                 # (and what did not fit the budget)
+        c = rng.randrange(1, 100)
+        bufs[i].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[i], c))
+        shadow[i] += c
+        n = 1
+    stats.ops += n
+    return n
 
 
-async def worker(seed: int, devices: list, budget: list, stats: Stats, faults_on: list) -> None:
+async def worker(seed: int, devices: list, budget: list, stats: Stats, faults: Any) -> None:
     world = World(random.Random(seed), devices)
-    await _guarded(aiogpu.gather(*world.upload()), stats, faults_on[0])
+    await _guarded(aiogpu.gather(*world.upload()), stats, faults)
     while budget[0] > 0:
         for _ in range(world.rng.randrange(4, 16)):
-            random_op(world, devices, stats)
-            budget[0] -= 1
+            if not random_op(world, budget, stats):
+                break
         k = world.rng.randrange(len(world.buffers))
         out = world.buffers[k].to_numpy(np.int64)
         stats.checks += 1
-        if await _guarded(out, stats, faults_on[0]):
+        if await _guarded(out, stats, faults):
             if not np.array_equal(out.result(), world.shadow[k]):
                 stats.mismatches += 1
                 stats.notes.append(f"mismatch in task {seed}, buffer {k}")
         else:                                   # resynchronise the device with the shadow
-            await _guarded(aiogpu.gather(*world.upload()), stats, faults_on[0])
+            await _guarded(aiogpu.gather(*world.upload()), stats, faults)
     for b in world.buffers:
         b.free()
 
 
-async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stats, faults_on: list,
-                   period: float) -> None:
-    """Arm a random fault every ``period`` seconds while the workers run."""
+async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stats, period: float) -> None:
+    """Arm a random fault every ``period`` seconds on average while the workers run. The loop
+    is busy with the workers' bursts, so this task may wake late: it then arms the faults that
+    fell due meanwhile (up to 8 at a time), keeping the rate whatever the load."""
     faults = rt.api.emulator.faults
     gpus = len(rt.devices)
+    loop = asyncio.get_running_loop()
+    last = loop.time()
     while not stop.is_set():
         await asyncio.sleep(period * (0.5 + rng.random()))
-        kind = rng.choice(["queue_error", "memory_fault", "lost", "delay", "sdma", "eager"])
-        faults_on[0] = True
-        if kind == "queue_error":
-            faults.queue_error_at(rng.randrange(1, 50), status=rng.choice(
-                [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]), agent=rng.randrange(gpus))
-        elif kind == "memory_fault":
-            faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
-        elif kind == "lost":
-            faults.lose_completion_at(rng.randrange(1, 50))
-        elif kind == "delay":
-            faults.delay_completions(0.05, count=rng.randrange(1, 5))
-        elif kind == "sdma":
-            faults.exhaust_sdma(rng.randrange(gpus))
-            await asyncio.sleep(period)
-            faults.restore_sdma()
-        else:
-            faults.eager = True
-            await asyncio.sleep(period)
-            faults.eager = False
-        stats.faults += 1
+        now = loop.time()
+        due, last = max(1, min(8, round((now - last) / period))), now
+        for _ in range(due):
+            kind = rng.choice(["queue_error", "memory_fault", "lost", "delay", "sdma", "eager"])
+            stats.faults += 1
+            if kind == "queue_error":
+                faults.queue_error_at(rng.randrange(1, 50), status=rng.choice(
+                    [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]),
+                    agent=rng.randrange(gpus))
+            elif kind == "memory_fault":
+                faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
+            elif kind == "lost":
+                faults.lose_completion_at(rng.randrange(1, 50))
+            elif kind == "delay":
+                faults.delay_completions(0.05, count=rng.randrange(1, 5))
+            elif kind == "sdma":              # a state for a while: the rest waits for next time
+                faults.exhaust_sdma(rng.randrange(gpus))
+                await asyncio.sleep(period)
+                faults.restore_sdma()
+                break
+            else:
+                faults.eager = True
+                await asyncio.sleep(period)
+                faults.eager = False
+                break
 
 
 def wait_idle(rt: Any, timeout: float) -> None:
@@ -195,12 +256,13 @@ def count_leaks(rt: Any) -> dict:
 
 async def run_async(rt: Any, ops: int, tasks: int, seed: int, faults: bool, period: float,
                     progress: Any) -> Stats:
-    stats, budget, faults_on = Stats(), [ops], [False]
+    stats, budget = Stats(), [ops]
     rng = random.Random(seed)
     stop = asyncio.Event()
-    inj = asyncio.ensure_future(injector(rt, rng, stop, stats, faults_on, period)) if faults else None
+    inj = asyncio.ensure_future(injector(rt, rng, stop, stats, period)) if faults else None
     report = asyncio.ensure_future(_report(stats, ops, progress, stop))
-    await asyncio.gather(*(worker(seed * 1000 + i, rt.devices, budget, stats, faults_on) for i in range(tasks)))
+    fault_log = rt.api.emulator.faults
+    await asyncio.gather(*(worker(seed * 1000 + i, rt.devices, budget, stats, fault_log) for i in range(tasks)))
     stop.set()
     for t in (inj, report):
         if t is not None:
@@ -212,26 +274,22 @@ async def _report(stats: Stats, total: int, progress: Any, stop: asyncio.Event) 
     while not stop.is_set():
         progress(f"{stats.ops}/{total} ops, {stats.faults} faults, {stats.failed} failed as expected, "
                  f"{stats.mismatches} mismatches")
-        try:
-            await asyncio.wait_for(stop.wait(), 2.0)
-        except asyncio.TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2.0):
+                await stop.wait()
 
 
 def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool = True,
                period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, dict]:
     """Run the stress workload on a fresh emulated runtime; returns (stats, leaks)."""
     rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
-    try:
+    with closing(rt):
         stats = asyncio.run(run_async(rt, ops, tasks, seed, faults, period, progress))
         rt.api.emulator.faults.reset()
         wait_idle(rt, 30)
-        import gc
         gc.collect()
         leaks = count_leaks(rt)
         stats.faults = max(stats.faults, len(rt.api.emulator.faults.fired))
-    finally:
-        rt.close()
     return stats, leaks
 
 

@@ -292,13 +292,18 @@ class HsaRuntime(Runtime):
             mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
             self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
             host_address = self.host.to_host(address)   # a locked array's agent address
+            # The emulator can say what faulted (a kernel body's access); ROCr gives the address.
+            cause = self.api.emulator.memory_fault_cause(address) if self.api.emulator else None
             for fut in mine:
                 if not fut.done() and any(_touches(k, address) or host_address is not None
                                           and _touches(k, host_address) for k in fut.keep):
-                    self.hub.fail(fut, GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason "
-                                                f"0x{reason:x})", status=status, queue=fut.queue, packet=fut.packet))
+                    err = GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason 0x{reason:x})",
+                                   status=status, queue=fut.queue, packet=fut.packet)
+                    err.__cause__ = cause
+                    self.hub.fail(fut, err)
             evicted = GPUError(f"{dev.name}: the driver evicted the device's queues after a GPU memory fault at "
                                f"0x{address:x} (reason 0x{reason:x})", status=status)
+            evicted.__cause__ = cause
             dev.engines.lose()
             for fut in mine:
                 if not fut.retired and ".sdma" in (fut.queue or ""):

@@ -5,8 +5,14 @@ ctypes callback of that prototype receives them (ints for scalars, handle struct
 ctypes pointers, ints/None for ``void*``, bytes for ``char*``, CFUNCTYPE objects for callbacks).
 The loader wraps each method into a C function pointer, so the runtime calls the emulator exactly
 as it calls ``libhsa-runtime64``. Every method is guarded: an exception never reaches ctypes; an
-emulator bug is recorded in ``api_errors`` and reported as HSA_STATUS_ERROR (0 / None for
-functions that return no status).
+emulator bug (an ``Exception``) is recorded in ``api_errors`` and reported as HSA_STATUS_ERROR
+(0 / None for functions that return no status).
+
+Ctrl-C behaves as with the real library, where a signal cannot interrupt a C call halfway: on the
+main thread SIGINT is held back while an HSA call runs (the blocking waits excepted: they stop,
+as if timed out, having changed nothing), the call completes, and the KeyboardInterrupt is raised
+in the caller once the call has returned. Any other ``BaseException`` raised inside a call
+(SystemExit from a signal handler, ...) is handed to the caller the same way, never swallowed.
 
 Behaviour follows ROCr (see the module of each part): ``agents``, ``memory``, ``signals``,
 ``queues`` + ``packet_processor`` + ``dispatch`` + ``compute_units``, ``code_objects``, ``sdma``,
@@ -23,6 +29,9 @@ Beyond the HSA functions, for tests and tools:
   ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
   ``locked_ranges()``, ``signal_stats()``, ``kernarg_mismatches`` (dispatches whose hidden
   geometry arguments, which the body sees, disagree with the packet).
+- ``queue_error_cause(queue_id, packet=None)``: the exception that explains a queue error the
+  emulator reported (what HSA's queue callback, a bare status, cannot carry): ``InjectedFault``,
+  a kernel body's ``KernelError`` or ``MemoryFault``, else ``QueueFault`` with the reason.
 """
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ... import _interrupts
 from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
@@ -43,6 +53,7 @@ from .agents import QUEUE_MAX_SIZE, QUEUE_MIN_SIZE, Agent, AgentTable, StatusStr
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
+from .dispatch import KernelError, explanation
 from .events import MemoryFaultRecord, SystemEvents
 from .faults import FaultInjector, FaultRecord
 from .memory import MemoryFault, MemoryManager
@@ -53,10 +64,36 @@ from .signals import EVENT_LIMIT, Signal, SignalTable, timeout_seconds
 from .timeline import DEFAULT_CAPACITY, Timeline, TimelineRecord
 
 __all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
-           "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord"]
+           "QueueErrorRecord", "Timeline", "TimelineRecord", "CopyRecord", "KernelError", "InjectedFault",
+           "QueueFault"]
 
 _serials = itertools.count()
 _NO_INIT_CHECK = frozenset({"hsa_init", "hsa_shut_down", "hsa_status_string"})
+
+
+class QueueFault(Exception):
+    """Why the emulator failed a queue (``record``: its QueueErrorRecord), where nothing more
+    specific explains it (e.g. a packet the command processor rejects)."""
+
+    def __init__(self, record: QueueErrorRecord):
+        self.record = record
+        super().__init__(f"queue {record.queue} failed at packet {record.packet} "
+                         f"({T.status_name(record.status)}): {record.detail}")
+
+
+class InjectedFault(Exception):
+    """A queue error or memory fault that fault injection asked for (``record``: what fired,
+    where and when): the failure was meant to happen."""
+
+    def __init__(self, record: FaultRecord):
+        self.record = record
+        super().__init__(f"injected {record.kind} on GPU {record.agent}, queue {record.queue}, "
+                         f"packet {record.packet}")
+
+
+# Fault records that are injected failures (a torn packet is a writer's bug the eager packet
+# processor caught, not something injected).
+_INJECTED_FAILURES = ("queue_error", "memory_fault")
 
 
 @dataclass(frozen=True)
@@ -69,14 +106,18 @@ class ApiError:
 
 
 def hsa_function(method: Callable) -> Callable:
-    """Never let an exception escape into ctypes; StatusError becomes the returned status."""
+    """Never let an exception escape into ctypes: StatusError becomes the returned status, another
+    Exception is an emulator bug (recorded, HSA_STATUS_ERROR), and an interrupt (a held-back
+    SIGINT, or another BaseException) is raised in the caller after the call has returned."""
     name = method.__name__
     restype = PROTOTYPES[name][0]
     returns_status = restype is T.hsa_status_t
     default = T.HSA_STATUS_ERROR if returns_status else (None if restype is None else 0)
+    interruptible = name in _BLOCKING
 
     @functools.wraps(method)
     def guarded(self: "EmulatedLibrary", *args: Any) -> Any:
+        held = None if interruptible else _interrupts.hold()
         try:
             if name not in _NO_INIT_CHECK and self._state is None:
                 raise StatusError(T.HSA_STATUS_ERROR_NOT_INITIALIZED, "hsa_init has not been called")
@@ -86,11 +127,43 @@ def hsa_function(method: Callable) -> Callable:
                 return exc.status
             self._record(name, exc)
             return default
-        except BaseException as exc:
+        except Exception as exc:
             self._record(name, exc)
             return default
+        except BaseException as exc:      # an interrupt, not a bug: the caller gets it
+            _raise_in_caller(exc)
+            return self._interrupted(name, args, default)
+        finally:
+            if held is not None:
+                _release(held)
 
+    _GUARDS.add(guarded.__code__)
     return guarded
+
+
+# Blocking waits stay interruptible: stopped early they have changed nothing (they read signals).
+_BLOCKING = frozenset({"hsa_signal_wait_scacquire", "hsa_amd_signal_wait_any"})
+_GUARDS: set = set()     # the code of the guard (one closure: one code object)
+
+
+def _in_guard(frame: Any) -> bool:
+    return frame.f_code in _GUARDS
+
+
+def _raise_in_caller(exc: BaseException) -> None:
+    def throw() -> None:
+        raise exc
+
+    _interrupts.run_in_caller(throw, _in_guard)
+
+
+def _release(held: Callable) -> None:
+    """End a hold: a SIGINT that came during the call is handled in the caller."""
+    try:
+        if _interrupts.release(held):
+            _interrupts.run_in_caller(lambda: held(_interrupts.SIGINT, None), _in_guard)
+    except BaseException as exc:          # a SIGINT just after the hold ended
+        _raise_in_caller(exc)
 
 
 class _State:
@@ -212,6 +285,41 @@ class EmulatedLibrary:
     @property
     def initialized(self) -> bool:
         return self._state is not None
+
+    def queue_error_cause(self, queue_id: int, packet: int | None = None) -> BaseException | None:
+        """The exception that explains the queue error reported for ``packet`` of queue
+        ``queue_id`` (None: its latest error): InjectedFault (fault injection), KernelError (a
+        body raised; its ``__cause__`` is what it raised), MemoryFault (a body or a packet
+        touched memory it may not), else QueueFault with the emulator's reason. None if no such
+        error was reported."""
+        record = next((r for r in reversed(self.queue_errors)
+                       if r.queue == queue_id and (packet is None or r.packet == packet)), None)
+        if record is None:
+            return None
+        packet = record.packet
+        injected = next((f for f in reversed(self.faults.fired) if f.kind in _INJECTED_FAILURES
+                         and f.queue == queue_id and f.packet == packet), None)
+        if injected is not None:
+            return InjectedFault(injected)
+        ctx = self._state.ctx if self._state is not None else None
+        source = f"queue {queue_id} packet {packet}"
+        fault = next((m for m in reversed(self.memory_faults) if m.source == source), None)
+        if fault is not None and record.status == T.HSA_STATUS_ERROR_MEMORY_FAULT:
+            found = explanation(ctx, record.detail, fault) if ctx is not None else None
+            return found or MemoryFault(fault.address, fault.reason, fault.mask)
+        found = explanation(ctx, record.detail) if ctx is not None else None
+        return found or QueueFault(record)
+
+    def memory_fault_cause(self, address: int) -> BaseException | None:
+        """The exception behind the newest GPU memory fault reported at ``address`` (what the
+        system event, a bare address and mask, cannot carry): the body's MemoryFault, else one
+        made from the fault record; None if no fault was reported there."""
+        record = next((m for m in reversed(self.memory_faults) if m.address == address), None)
+        if record is None:
+            return None
+        ctx = self._state.ctx if self._state is not None else None
+        found = explanation(ctx, "", record) if ctx is not None else None
+        return found or MemoryFault(record.address, record.reason, record.mask)
 
     # ---- runtime -----------------------------------------------------------------------------
     @hsa_function
@@ -573,6 +681,18 @@ class EmulatedLibrary:
     def _record(self, where: str, exc: BaseException) -> None:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         self.api_errors.append(ApiError(where, exc, tb))
+
+    def _interrupted(self, name: str, args: tuple, default: Any) -> Any:
+        """What a call stopped by an interrupt returns (the caller gets the interrupt as soon
+        as it runs Python again): a blocking wait reports a timeout."""
+        if name == "hsa_amd_signal_wait_any":
+            return UINT32_MAX
+        if name == "hsa_signal_wait_scacquire":
+            try:
+                return self._signal(args[0]).load()
+            except Exception:
+                return default
+        return default
 
     def _require_state(self) -> _State:
         state = self._state

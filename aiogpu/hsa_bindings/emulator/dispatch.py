@@ -21,12 +21,28 @@ the body a zero geometry; every disagreement with the packet is kept in ``kernar
 
 The body is called once per dispatch as ``body(launch, *args)``: pointer arguments become NumPy
 views of real memory typed by the pointer's dtype and covering exactly the hidden byte length
-(``const`` ones read-only), scalars NumPy scalars.
+(``const`` ones read-only), scalars NumPy scalars. The body runs once for the whole grid (it is
+vectorised), so what it does is done by every work-item of the dispatch at once.
+
+How a body fails, as a GPU would:
+- indexing a pointer view (or an array derived from one) outside its bounds, with an index or
+  with a slice bound (where NumPy would silently shorten the slice), is a GPU memory fault
+  (``MemoryFault`` at the first address out of bounds): memory-fault event, then the queue fails
+  with HSA_STATUS_ERROR_MEMORY_FAULT;
+- any other exception, SystemExit and KeyboardInterrupt included, ends the dispatch as a kernel
+  exception: the queue fails with HSA_STATUS_ERROR_EXCEPTION and ``KernelError`` (whose
+  ``__cause__`` is what the body raised) explains it. The emulator keeps running.
+``explanation`` finds the exception that explains a queue error, for ``queue_error_cause``.
 """
 from __future__ import annotations
 
+import collections
 import math
+import operator
+import traceback
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +64,17 @@ class Launch:
     block: tuple[int, ...]
     dims: int
     agent: int
+
+
+class KernelError(Exception):
+    """A kernel body raised ``error`` (also the ``__cause__``): which kernel, and the work-items
+    it ran for (the whole grid: a body runs once per dispatch)."""
+
+    def __init__(self, kernel: str, launch: Launch, error: BaseException):
+        self.kernel, self.launch, self.error = kernel, launch, error
+        items = math.prod(launch.grid)
+        super().__init__(f"kernel {kernel} raised {type(error).__name__}: {error} (work-items 0..{items - 1}: "
+                         f"grid {launch.grid}, block {launch.block}, on GPU {launch.agent})")
 
 
 @dataclass(frozen=True)
@@ -128,17 +155,132 @@ def _launch_from_kernargs(kernel: EmulatedKernel, kernargs: bytes, gpu: int) -> 
 
 
 def execute(ctx: Context, job: DispatchJob) -> None:
-    """Run the body once; raises MemoryFault for a pointer that does not resolve, or what the body raises."""
+    """Run the body once. Raises MemoryFault for a pointer that does not resolve or an access
+    out of bounds, KernelError for anything else the body raises (BaseException included)."""
     hidden = iter(job.lengths)
-    args = [_pointer_view(ctx, job.gpu, a, v, next(hidden)) if a.pointer else v
-            for a, v in zip(job.kernel.args, job.values)]
-    job.kernel.body(job.launch, *args)
+    try:
+        args = [_pointer_view(ctx, job.gpu, i, a, v, next(hidden), job.kernel.name) if a.pointer else v
+                for i, (a, v) in enumerate(zip(job.kernel.args, job.values))]
+        job.kernel.body(job.launch, *args)
+    except MemoryFault as fault:
+        _remember(ctx, fault)
+        raise
+    except BaseException as exc:   # SystemExit/KeyboardInterrupt end the dispatch, not the emulator
+        err = KernelError(job.kernel.name, job.launch, exc)
+        _remember(ctx, err)
+        raise err from exc
 
 
-def _pointer_view(ctx: Context, gpu: int, arg: signature.Arg, address: int, nbytes: int) -> np.ndarray:
+def _remember(ctx: Context, exc: BaseException) -> None:
+    """Keep a body's failure for ``explanation`` (the last few per emulator). Its traceback keeps
+    the lines, not the locals: those hold views of device memory the program may free."""
+    for e in (exc, exc.__cause__):
+        if e is not None:
+            traceback.clear_frames(e.__traceback__)
+    recent = _recent.get(ctx)
+    if recent is None:
+        recent = _recent.setdefault(ctx, collections.deque(maxlen=_RECENT))
+    recent.append(exc)
+
+
+def _pointer_view(ctx: Context, gpu: int, index: int, arg: signature.Arg, address: int, nbytes: int,
+                  kernel: str) -> np.ndarray:
     raw = ctx.memory.resolve(gpu, address, nbytes, write=not arg.const)
     usable = nbytes - nbytes % arg.dtype.itemsize
-    view = raw[:usable].view(arg.dtype)
+    view = raw[:usable].view(arg.dtype).view(DeviceArray)
+    view._where = f"kernel {kernel} argument {index} ({arg})"
     if arg.const:
         view.flags.writeable = False
     return view
+
+
+class DeviceArray(np.ndarray):
+    """A kernel's view of device memory (and the arrays computed from it): an index or slice
+    bound outside the array is a GPU memory fault, where NumPy would raise IndexError or
+    silently shorten the slice."""
+
+    _where = "kernel array"
+
+    def __array_finalize__(self, obj: Any) -> None:
+        if obj is not None:
+            self._where = getattr(obj, "_where", DeviceArray._where)
+
+    def __getitem__(self, index: Any) -> Any:
+        _check_bounds(self, index, "read")
+        try:
+            return super().__getitem__(index)
+        except IndexError as exc:
+            raise _fault(self, None, index, "read", str(exc)) from None
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        _check_bounds(self, index, "write")
+        try:
+            super().__setitem__(index, value)
+        except IndexError as exc:
+            raise _fault(self, None, index, "write", str(exc)) from None
+
+
+def _check_bounds(arr: np.ndarray, index: Any, access: str) -> None:
+    """Fault on an integer index or an explicit slice bound outside ``arr`` (per dimension)."""
+    parts = index if isinstance(index, tuple) else (index,)
+    if len(parts) > arr.ndim or any(p is None or p is Ellipsis for p in parts):
+        return      # newaxis/ellipsis: NumPy's own IndexError (mapped to a fault) covers them
+    for dim, part in enumerate(parts):
+        n = arr.shape[dim]
+        if isinstance(part, slice):
+            start = None if part.start is None else operator.index(part.start)
+            for b in (start, None if part.stop is None else operator.index(part.stop)):
+                if b is not None and not -n <= b <= n:
+                    # The first element out of bounds: before the array, or at its end (or at
+                    # the start of a slice that begins past the end).
+                    at = b + n if b < 0 else max(n, start if start is not None else 0)
+                    raise _fault(arr, (dim, at), index, access, f"slice bound {b} outside {n} elements")
+        elif not isinstance(part, (bool, np.bool_)) and _is_integer(part):
+            i = operator.index(part)
+            if not -n <= i < n:
+                raise _fault(arr, (dim, i if i >= 0 else i + n), index, access,
+                             f"index {i} outside {n} elements")
+
+
+def _is_integer(value: Any) -> bool:
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _fault(arr: np.ndarray, at: tuple[int, int] | None, index: Any, access: str, why: str) -> MemoryFault:
+    """A memory fault at the element ``at`` = (dimension, position) of ``arr`` (its end if None)."""
+    base = arr.__array_interface__["data"][0]
+    address = base + arr.nbytes if at is None else base + at[1] * arr.strides[at[0]]
+    return MemoryFault(address, f"{arr._where}: {access} [{_show(index)}] out of bounds ({why})")
+
+
+def _show(index: Any) -> str:
+    parts = index if isinstance(index, tuple) else (index,)
+
+    def one(p: Any) -> str:
+        if isinstance(p, slice):
+            text = ":".join("" if v is None else str(v) for v in (p.start, p.stop))
+            return text + (f":{p.step}" if p.step is not None else "")
+        return repr(p) if not _is_integer(p) else str(operator.index(p))
+
+    return ", ".join(one(p) for p in parts)
+
+
+# -- explanations of queue errors -----------------------------------------------------------------
+_RECENT = 256
+_recent: "weakref.WeakKeyDictionary[Context, collections.deque]" = weakref.WeakKeyDictionary()
+
+
+def explanation(ctx: Context, detail: str, fault: Any = None) -> BaseException | None:
+    """The body's exception behind a queue error: the KernelError whose text the error's
+    ``detail`` quotes, or the MemoryFault that ``fault`` (a memory-fault record) describes."""
+    for exc in reversed(list(_recent.get(ctx, ()))):
+        if fault is not None:
+            if isinstance(exc, MemoryFault) and exc.address == fault.address and exc.reason == fault.reason:
+                return exc
+        elif isinstance(exc, KernelError) and repr(exc) in detail:
+            return exc
+    return None

@@ -1,0 +1,169 @@
+"""How completions reach awaiters and done-callbacks: one batch per loop, each callback on its
+own (a raising callback stops nothing else), a half-imported trio, closed loops, and trio's
+checkpoint rule."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import types
+
+import pytest
+import trio
+
+from aiogpu.futures import FutureHub, GPUFuture
+
+
+class ManualHub(FutureHub):
+    """A hub without a waiter thread: the test settles futures from a thread, as the waiter
+    does (one batch per event loop for everything settled together)."""
+
+    def wake(self) -> None:
+        pass
+
+    def new(self, key: int) -> GPUFuture:
+        fut = GPUFuture(self, f"op{key}", signal=key)
+        with self.lock:
+            self._pending[key] = fut
+        return fut
+
+    def complete(self, *futures: GPUFuture) -> None:
+        t = threading.Thread(target=self._settle, args=([(f.signal, f) for f in futures],))
+        t.start()
+        t.join()
+
+
+async def _await(fut):
+    await fut
+
+
+@pytest.mark.asyncio
+async def test_a_raising_callback_stops_no_other_wakeup_on_asyncio():
+    hub, loop = ManualHub(), asyncio.get_running_loop()
+    reported = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    first, second = hub.new(1), hub.new(2)
+    ran = []
+    first.add_done_callback(lambda f: 1 / 0)
+    first.add_done_callback(ran.append)           # a later callback of the same future
+    tasks = [asyncio.ensure_future(_await(second)) for _ in range(63)]
+    await asyncio.sleep(0)                          # every task parks on ``second``
+    hub.complete(first, second)                     # one batch: callbacks, then the awaiters
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert ran == [first]
+    assert len(reported) == 1 and isinstance(reported[0]["exception"], ZeroDivisionError)
+
+
+def test_a_raising_callback_stops_no_other_wakeup_on_trio(caplog):
+    hub = ManualHub()
+    first, second = hub.new(1), hub.new(2)
+    ran, woken = [], []
+
+    async def awaiter():
+        await second
+        woken.append(1)
+
+    async def main():
+        first.add_done_callback(lambda f: 1 / 0)
+        first.add_done_callback(ran.append)
+        async with trio.open_nursery() as nursery:
+            for _ in range(63):
+                nursery.start_soon(awaiter)
+            await trio.sleep(0.01)
+            with trio.fail_after(5):
+                await trio.to_thread.run_sync(hub.complete, first, second)
+        assert len(woken) == 63
+
+    with caplog.at_level(logging.ERROR, logger="aiogpu"):
+        trio.run(main)
+    assert ran == [first]
+    assert any(r.exc_info and r.exc_info[0] is ZeroDivisionError for r in caplog.records)
+
+
+@pytest.mark.asyncio
+async def test_half_imported_trio_is_not_touched(monkeypatch):
+    # While another thread imports trio, sys.modules["trio"] is a module still being executed.
+    monkeypatch.setitem(sys.modules, "trio", types.ModuleType("trio"))
+    hub = ManualHub()
+    pending, done = hub.new(1), hub.new(2)
+    hub.complete(done)
+    got = []
+    pending.add_done_callback(got.append)
+    await done
+    task = asyncio.ensure_future(_await(pending))
+    await asyncio.sleep(0)
+    hub.complete(pending)
+    await asyncio.wait_for(task, 5)
+    await asyncio.sleep(0)
+    assert got == [pending]
+
+
+def test_closing_a_loop_with_parked_awaiters_prints_no_traceback(tmp_path):
+    script = tmp_path / "closed_loop.py"
+    script.write_text(textwrap.dedent("""
+        import asyncio, gc, threading
+        import aiogpu
+
+        @aiogpu.kernel("u32")
+        def hold(launch, key):
+            GATE.wait(10)
+
+        GATE = threading.Event()
+        rt = aiogpu.Runtime("emulator", gpus=1)
+        fut = rt.devices[0].launch(hold, grid=(1,), block=(1,), args=(0,))
+
+        async def waiter():
+            await fut
+
+        loop = asyncio.new_event_loop()
+        tasks = [loop.create_task(waiter()) for _ in range(20)]
+        loop.run_until_complete(asyncio.sleep(0.05))
+        loop.close()                   # with 20 tasks still parked on the GPU future
+        GATE.set()
+        assert fut.wait(10)
+        del tasks
+        gc.collect()
+        rt.close()
+        print("ok")
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "Event loop is closed" not in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+
+
+def test_awaiting_a_done_future_is_a_trio_checkpoint():
+    hub = ManualHub()
+    fut = hub.new(1)
+    hub.complete(fut)
+    seen = []
+
+    async def main():
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await fut                       # a cancellation point even though it is done
+            seen.append("not cancelled")
+        assert scope.cancelled_caught
+
+        progress = [0]
+        finished = trio.Event()
+
+        async def other():
+            while not finished.is_set():
+                progress[0] += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            await trio.sleep(0)
+            before = progress[0]
+            for _ in range(50):
+                await fut                   # a schedule point: ``other`` runs in between
+            seen.append(progress[0] - before)
+            finished.set()
+
+    trio.run(main)
+    assert len(seen) == 1 and seen[0] >= 25, seen
