@@ -175,10 +175,10 @@ class _CallbackAwaiter:
 
 
 def _finished(fut: GPUFuture) -> bool:
-    """Whether ``fut`` no longer holds back work ordered after it (the watchdog's view): it
-    completed, or its work retired, or the watchdog itself gave up on it."""
-    from .errors import WatchdogTimeout
-    return fut._state == DONE or fut.retired or isinstance(fut._exc, WatchdogTimeout)
+    """Whether the watchdog counts ``fut`` as no longer holding back work ordered after it: it
+    has settled. (A failed one may still block its queue, e.g. behind a lost completion: work
+    behind it must stay under watch, or a stalled queue would never be aborted.)"""
+    return fut._state != PENDING
 
 
 def completed_future(hub: "FutureHub | None", label: str = "",
@@ -368,34 +368,39 @@ class FutureHub:
 
     def _check_watchdog(self, posts: dict) -> None:
         """Fail work whose completion has not arrived ``watchdog_s`` seconds after it could
-        start: after every operation it waits for has finished and every earlier one on its
-        lane (queue or stream) has settled, as this check observed. Time spent waiting behind
-        other work does not count; a graph replay's work on one lane counts as one operation."""
+        start: after every operation it waits for and every earlier one on its lane (queue or
+        stream) has settled, as this check observed. Time spent waiting behind other work does
+        not count; a graph replay's work on one lane counts as one operation. Work that failed
+        already (a dependency failed) yet stays silent as long has its queue aborted all the
+        same, so that it retires and what waits for it on the device goes on."""
         from .errors import WatchdogTimeout
 
         now = time.monotonic()
         deadline = now - self.watchdog_s
+        watched = [f for f in self._pending.values()          # in submission order
+                   if not f.retired and not f._retiring and not isinstance(f._exc, WatchdogTimeout)]
         first_on_lane: dict[int, GPUFuture] = {}
-        for f in self._pending.values():        # in submission order
-            if f._state == PENDING and f.lane is not None:
+        for f in watched:
+            if f.lane is not None:
                 first_on_lane.setdefault(id(f.lane), f)
         stale = []
-        for f in self._pending.values():
-            if f._state != PENDING:
-                continue
+        for f in watched:
             if f.ready_at is None:
                 if (f.lane is None or first_on_lane[id(f.lane)] is f) and all(map(_finished, f.preds)):
                     f.ready_at = now
             elif f.ready_at < deadline:
                 stale.append(f)                  # runnable, yet silent
         for fut in stale:
-            if fut._state != PENDING:      # failed meanwhile by an abort of its queue
+            if fut.retired or fut._retiring:     # retired meanwhile by an abort of its queue
                 continue
             exc = WatchdogTimeout(f"{fut.label} on {fut.queue}: no completion within "
                                   f"{self.watchdog_s:g} s (lost or stalled completion)",
                                   queue=fut.queue, packet=fut.packet)
             if self.on_timeout is not None and self.on_timeout(fut, exc):
                 continue             # the backend aborted its queue: everything on it retired
+            if fut._state != PENDING:
+                fut.ready_at = float("inf")      # failed already, and nothing can be aborted
+                continue
             # Work that cannot be aborted (a copy on an engine) may still run: fail it for its
             # awaiters but keep watching it, so its memory and signal are reused only once it
             # has really finished.
