@@ -484,11 +484,11 @@ async def test_close_returns_near_its_timeout_and_fails_abandoned_work(make_any)
     rt = make_any()
     d0 = rt.devices[0]
     await d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))     # (CUDA: load the kernel)
-    long = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(4000,))
+    long = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(8000,))
     behind = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[long])
     t0 = time.monotonic()
     rt.close(0.3)
-    assert time.monotonic() - t0 < 3.0, "close(0.3) waited for the work it gave up on"
+    assert time.monotonic() - t0 < 5.0, "close(0.3) waited for the work it gave up on"
     for fut in (long, behind):
         assert fut.done() and isinstance(fut.exception(), aiogpu.GPUError)
         assert "close" in str(fut.exception())
