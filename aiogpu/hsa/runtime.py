@@ -307,7 +307,9 @@ class HsaRuntime(Runtime):
             dev.engines.lose()
             for fut in mine:
                 if not fut.retired and ".sdma" in (fut.queue or ""):
-                    self.hub.fail(fut, GPUError(f"{fut.label}: {evicted}", status=status, queue=fut.queue))
+                    err = GPUError(f"{fut.label}: {evicted}", status=status, queue=fut.queue)
+                    err.__cause__ = evicted
+                    self.hub.fail(fut, err)
                     self.hub.retire_failed(fut)
             for queue in dev.queues:
                 queue.abort(evicted, -1)

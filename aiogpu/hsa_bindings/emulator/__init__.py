@@ -312,11 +312,16 @@ class EmulatedLibrary:
 
     def memory_fault_cause(self, address: int) -> BaseException | None:
         """The exception behind the newest GPU memory fault reported at ``address`` (what the
-        system event, a bare address and mask, cannot carry): the body's MemoryFault, else one
-        made from the fault record; None if no fault was reported there."""
+        system event, a bare address and mask, cannot carry): InjectedFault when fault
+        injection asked for it, the body's MemoryFault, else one made from the fault record;
+        None if no fault was reported there."""
         record = next((m for m in reversed(self.memory_faults) if m.address == address), None)
         if record is None:
             return None
+        injected = next((f for f in reversed(self.faults.fired) if f.kind == "memory_fault"
+                         and record.source == f"queue {f.queue} packet {f.packet}"), None)
+        if injected is not None:
+            return InjectedFault(injected)
         ctx = self._state.ctx if self._state is not None else None
         found = explanation(ctx, "", record) if ctx is not None else None
         return found or MemoryFault(record.address, record.reason, record.mask)
