@@ -17,6 +17,7 @@ created after a fault never run on hardware); here every fault is reported and n
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -59,8 +60,13 @@ class SystemEvents:
         event.memory_fault.agent.handle = agent_handle
         event.memory_fault.virtual_address = fault.address & ((1 << 64) - 1)
         event.memory_fault.fault_reason_mask = fault.mask
+        # Recorded before the handlers run: a handler may look the fault up at once.
+        record = MemoryFaultRecord(gpu, fault.address, fault.reason, fault.mask, source, False)
+        with self._lock:
+            self.faults.append(record)
         handled = False
         for callback, data in handlers:
             handled = callback(ctypes.pointer(event), data) == T.HSA_STATUS_SUCCESS or handled
-        with self._lock:
-            self.faults.append(MemoryFaultRecord(gpu, fault.address, fault.reason, fault.mask, source, handled))
+        if handled:
+            with self._lock:
+                self.faults[self.faults.index(record)] = dataclasses.replace(record, handled=True)
