@@ -14,8 +14,10 @@ pass it as ``after=`` so that compute waits on the device, not on the host.
 Fresh host arrays (a new array every step, as real loaders make) are not pinned per batch:
 arrays of ``STAGE_MIN`` bytes and more are copied into the runtime's pinned memory off the event
 loop, in chunks over ``stage_threads`` worker threads (as PyTorch's ``pin_memory`` thread does),
-and uploaded from there; staging the next batch overlaps the upload of this one. Arrays already
-in pinned memory (``Buffer.to_numpy`` results) go as they are.
+and uploaded from there; staging the next batch overlaps the upload of this one. Arrays the
+runtime can use in place go as they are: pinned memory (``Buffer.to_numpy`` results) and, on
+CUDA, arrays a cached registration covers; so do arrays the source hands out again (a source
+cycling through a few arrays: pinning each once where it is pays).
 
 A released batch's buffers go back to a pool at once: the next copy into them is ordered after
 the consumer's submitted work on the device (write after read), so a copy can never overwrite
@@ -25,6 +27,7 @@ the copies it started, so none is left writing into a buffer that someone else r
 from __future__ import annotations
 
 import os
+import weakref
 from collections import defaultdict
 from typing import Any, AsyncIterator, Iterable
 
@@ -80,6 +83,7 @@ class Loader:
         self.source, self.devices = source, list(devices)
         self.prefetch, self.ordered = prefetch, ordered
         self._stagers = anyio.CapacityLimiter(stage_threads)
+        self._seen: dict[int, weakref.ref] = {}   # arrays staged once (by id, while alive)
         self.staged_bytes = 0
         self._pool: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
         self._slots: dict[int, anyio.Semaphore] = {}
@@ -181,14 +185,18 @@ class Loader:
         staged: dict[int, np.ndarray] = {}
         for arr in arrays:
             if isinstance(arr, np.ndarray) and arr.nbytes >= STAGE_MIN and id(arr) not in staged:
+                key, seen = id(arr), self._seen.get(id(arr))
+                if seen is not None and seen() is arr:   # a source reusing its arrays: pinning
+                    continue                             # them once where they are pays
+                self._seen[key] = weakref.ref(arr, lambda r, k=key: self._seen.get(k) is r and self._seen.pop(k))
                 staged[id(arr)] = await self._stage(device.runtime, arr)
         return _map_structure(lambda a: staged.get(id(a), a), host) if staged else host
 
     async def _stage(self, rt: Any, arr: np.ndarray) -> np.ndarray:
         src = np.ascontiguousarray(arr)
         flat = src.reshape(-1).view(np.uint8) if src.dtype.kind in "biufc" else None
-        if flat is None or rt.pinned.device_pointer(src.__array_interface__["data"][0], src.nbytes):
-            return arr          # not numeric (the copy refuses it), or pinned already
+        if flat is None or rt.host_pinned(src):
+            return arr          # not numeric (the copy refuses it), or usable in place already
         with rt.lock:
             out = rt.pinned.empty(src.nbytes, np.uint8)
         bounds = list(range(0, src.nbytes, STAGE_CHUNK)) + [src.nbytes]

@@ -464,6 +464,11 @@ class Runtime:
     def _unpin_host(self, address: int) -> None:
         raise NotImplementedError
 
+    def host_pinned(self, array: np.ndarray) -> bool:
+        """Whether copies can use ``array`` where it is, with no pinning or staging: it lies in
+        the runtime's pinned pool (backends add memory they keep registered)."""
+        return self.pinned.device_pointer(array.__array_interface__["data"][0], array.nbytes) is not None
+
     def _host_pointers(self, op: CopyOp) -> None:
         raise NotImplementedError
 
@@ -514,9 +519,13 @@ class Runtime:
             time.sleep(0.005)
         found = {k: stats[k] for k in LEAK_KEYS if stats[k]}
         if buffers:
-            gc.collect()          # buffers nobody references any more go back now
-            stats = self.stats()
-            held = stats["small_allocations"] + stats["large_allocations"]
+            while True:           # buffers nobody references any more go back at a collection;
+                gc.collect()      # work retiring late (a failed write's predecessors) lets go later
+                stats = self.stats()
+                held = stats["small_allocations"] + stats["large_allocations"]
+                if not held or time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
             if held:
                 found["buffers"] = held
         return found

@@ -125,7 +125,7 @@ def test_closed_runtime_refuses_work(make_any):
 
 def test_leak_check_sees_held_buffers_and_pending_work(any_rt):
     buf = any_rt.devices[0].alloc(4096)
-    assert any_rt.leaks(buffers=True) == {"buffers": 1}
+    assert any_rt.leaks(0.5, buffers=True) == {"buffers": 1}
     buf.free()
     assert any_rt.leaks(buffers=True) == {}
     assert set(LEAK_KEYS) <= set(any_rt.stats())

@@ -145,3 +145,16 @@ def test_stage_threads_is_checked(any_rt):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="stage_threads"):
             aiogpu.Loader([], any_rt.devices, stage_threads=bad)
+
+
+@pytest.mark.asyncio
+async def test_arrays_a_source_hands_out_again_are_staged_once(any_rt):
+    """A source cycling through a few arrays: each is staged the first time only."""
+    devs = any_rt.devices
+    arrays = [np.full((1 << 20) // 4 + 3, i, np.float32) for i in range(2)]
+    async with aiogpu.Loader([arrays[i % 2] for i in range(6)], devs[:1], prefetch=1) as loader:
+        async for b in loader:
+            assert (await b.data.to_numpy(np.float32) == arrays[b.index % 2][0]).all()
+            b.release()
+        staged = loader.staged_bytes
+    assert staged == sum(a.nbytes for a in arrays)

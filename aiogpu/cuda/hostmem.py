@@ -128,6 +128,10 @@ class HostMemory:
         for run in list(self._runs.values()):
             self._unregister(run)
 
+    def registered(self, start: int, end: int) -> bool:
+        """Whether a live registration covers [start, end) (page-aligned)."""
+        return self._covering(start, end) is not None
+
     # -- registrations -------------------------------------------------------------------------------
     def _pinned_elsewhere(self, addr: int) -> bool:
         err, kind = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, addr)

@@ -189,6 +189,15 @@ class CudaRuntime(Runtime):
         self.devices[0].make_current()
         cu.cuMemHostUnregister(address)
 
+    def host_pinned(self, array: np.ndarray) -> bool:
+        """The pinned pool, and arrays a cached registration covers (registered once, reused)."""
+        if super().host_pinned(array):
+            return True
+        addr = array.__array_interface__["data"][0]
+        start, end = addr // hostmem.PAGE * hostmem.PAGE, -(-(addr + array.nbytes) // hostmem.PAGE) * hostmem.PAGE
+        with self.lock:
+            return self.host.registered(start, end)
+
     def _host_pointers(self, op: CopyOp) -> None:
         """Host sides outside the pinned pool: sources are registered (or read from a pending
         bounce block); destinations registered, or bounced through a pinned block copied out
