@@ -14,7 +14,7 @@ This module imports nothing from aiogpu: the runtime's lock and the emulator sha
 """
 from __future__ import annotations
 
-import _signal
+import _signal  # type: ignore[import-not-found]  # (the C module behind signal: no stub)
 import sys
 import threading
 from types import FrameType, TracebackType

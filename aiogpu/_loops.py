@@ -53,7 +53,7 @@ class AsyncioPort:
             pass
 
     def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
-        loop = self._loop()
+        loop: Any = self._loop()
         fut = loop.create_future()
         register(fut)
         try:
@@ -171,7 +171,7 @@ def current_port() -> AsyncioPort | TrioPort | None:
     loop = asyncio._get_running_loop()
     if loop is None:
         return None
-    port = _asyncio_ports.get(loop)
-    if port is None:
-        port = _asyncio_ports[loop] = AsyncioPort(loop)
-    return port
+    asyncio_port = _asyncio_ports.get(loop)
+    if asyncio_port is None:
+        asyncio_port = _asyncio_ports[loop] = AsyncioPort(loop)
+    return asyncio_port

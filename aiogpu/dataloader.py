@@ -188,9 +188,15 @@ class Loader:
                 key, seen = id(arr), self._seen.get(id(arr))
                 if seen is not None and seen() is arr:   # a source reusing its arrays: pinning
                     continue                             # them once where they are pays
-                self._seen[key] = weakref.ref(arr, lambda r, k=key: self._seen.get(k) is r and self._seen.pop(k))
+                self._seen[key] = weakref.ref(arr, self._forget)
                 staged[id(arr)] = await self._stage(device.runtime, arr)
         return _map_structure(lambda a: staged.get(id(a), a), host) if staged else host
+
+    def _forget(self, ref: weakref.ref) -> None:
+        """A staged array died: its id may name another array next."""
+        for key, seen in list(self._seen.items()):
+            if seen is ref:
+                del self._seen[key]
 
     async def _stage(self, rt: Any, arr: np.ndarray) -> np.ndarray:
         src = np.ascontiguousarray(arr)

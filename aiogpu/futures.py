@@ -10,6 +10,7 @@ thread that observes their completion objects (HSA signals in ``signals.py``, CU
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import threading
 import time
@@ -25,7 +26,7 @@ from .errors import GPUError, InvalidStateError
 log = logging.getLogger("aiogpu")
 
 # The futures submitted in this context are appended here when a TaskGroup is active.
-submission_scope: contextvars.ContextVar[list | None] = contextvars.ContextVar("aiogpu_scope", default=None)
+submission_scope: contextvars.ContextVar[Any] = contextvars.ContextVar("aiogpu_scope", default=None)
 PENDING, DONE, FAILED = 0, 1, 2
 
 
@@ -43,7 +44,7 @@ class GPUFuture:
                  "lane", "submitted_at", "keep", "members", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
-        self._hub = hub
+        self._hub: Any = hub    # (None only for futures settled at creation)
         self._state = PENDING
         self._exc: BaseException | None = None
         self.signal = signal            # HSA signal handle (0: not backed by a signal)
@@ -196,7 +197,7 @@ def mark_retrieved(exc: BaseException) -> None:
     error names the failure it follows from) have been seen by the program."""
     for e in cause_chain(exc):
         try:
-            e._aiogpu_retrieved = True
+            setattr(e, "_aiogpu_retrieved", True)
         except AttributeError:       # an exception type that takes no attributes: not marked
             pass
 
@@ -439,7 +440,7 @@ class FutureHub:
             if f._retiring or f in self._given_up or not self._runnable(f) or self.is_complete(f.signal):
                 continue
             since = self._ready_since[f] = ready.get(f, now)
-            if since <= now - self.watchdog_s:
+            if since <= now - (self.watchdog_s or 0.0):
                 stale.append(f)                                  # runnable, yet silent
         for fut in stale:
             exc = WatchdogTimeout(f"{fut.label} on {fut.queue}: no completion within "
@@ -528,7 +529,7 @@ class FutureHub:
         for port, awaiters in posts.items():
             if port is None:
                 for a in awaiters:
-                    self._run_event(lambda a=a: a.set_result(None))
+                    self._run_event(functools.partial(a.set_result, None))
             else:
                 port.post(awaiters)
 

@@ -37,7 +37,7 @@ class TaskGroup:
         self._port: Any = None
         self._tasks = 0                 # tasks started with start_soon that are still running
         self._body_done = False
-        self._changed: anyio.Event | None = None
+        self._changed: Any = None     # an anyio.Event while the group is entered
 
     async def __aenter__(self) -> "TaskGroup":
         await self._tg.__aenter__()

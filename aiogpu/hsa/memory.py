@@ -45,7 +45,7 @@ class HostLocks:
                     raise ValueError(f"host memory at 0x{start:x} is already locked as a range of "
                                      f"{self._regs[start][0]} bytes; ROCr cannot unlock two ranges with "
                                      f"one start address")
-                self._regs[start] = [length, 0, self._register(start, length)]
+                self._regs[start] = [length, 0, self.register(start, length)]
             use = self._uses[(addr, size)] = [0, start]
         use[0] += 1
         reg = self._regs[use[1]]
@@ -79,7 +79,8 @@ class HostLocks:
         return next((start for start, (length, _u, _a) in self._regs.items()
                      if start <= addr and addr + size <= start + length), None)
 
-    def _register(self, start: int, length: int) -> int:
+    def register(self, start: int, length: int) -> int:
+        """Lock [start, start + length) for every agent (no use count); the agents' address."""
         agents = self._agents()
         arr = (T.hsa_agent_t * len(agents))(*agents)
         out = ctypes.c_void_p()

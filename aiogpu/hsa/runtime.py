@@ -191,12 +191,7 @@ class HsaRuntime(Runtime):
     # -- hooks: host memory and copies -----------------------------------------------------------
     def _pin_host(self, address: int, size: int) -> int:
         """``hsa_amd_memory_lock`` for every agent; the agents' address of the memory."""
-        agents = self.all_agents()
-        arr = (T.hsa_agent_t * len(agents))(*agents)
-        out = ctypes.c_void_p()
-        self.api.check(self.api.hsa_amd_memory_lock(address, size, arr, len(agents), ctypes.byref(out)),
-                       "hsa_amd_memory_lock")
-        return out.value
+        return self.host.register(address, size)
 
     def _unpin_host(self, address: int) -> None:
         self.api.hsa_amd_memory_unlock(address)
