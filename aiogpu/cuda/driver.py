@@ -16,7 +16,7 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from ..errors import CudaError, GPUError  # noqa: F401 - CudaError is re-exported for the backend
+from ..errors import CudaError  # noqa: F401 - re-exported: the backend raises D.CudaError
 
 SUCCESS = 0
 NOT_READY = int(cu.CUresult.CUDA_ERROR_NOT_READY)
