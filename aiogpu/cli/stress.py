@@ -57,6 +57,22 @@ class Stats:
     hangs: int = 0
     faults: int = 0
     notes: list = field(default_factory=list)
+    total: int = 0           # operations asked for
+    started: float = 0.0     # monotonic time the run started
+    tenths: list = field(default_factory=list)   # monotonic time as each tenth was submitted
+
+    def count(self, n: int) -> None:
+        """``n`` more operations submitted (notes the time at each tenth of the run)."""
+        self.ops += n
+        while self.total and len(self.tenths) < 10 and self.ops >= self.total * (len(self.tenths) + 1) / 10:
+            self.tenths.append(time.monotonic())
+
+    def tenth_rates(self, start: float) -> tuple[float, float] | None:
+        """Operations per second over the first and the last tenth of the run."""
+        if len(self.tenths) < 10:
+            return None
+        step = self.total / 10
+        return step / max(self.tenths[0] - start, 1e-9), step / max(self.tenths[9] - self.tenths[8], 1e-9)
 
 
 class World:
@@ -172,7 +188,7 @@ def random_op(world: World, budget: list, stats: Stats) -> int:
         bufs[i].device.launch(add_const, grid=(WORDS,), block=(64,), args=(bufs[i], c))
         shadow[i] += c
         n = 1
-    stats.ops += n
+    stats.count(n)
     return n
 
 
@@ -240,23 +256,14 @@ def wait_idle(rt: Any, timeout: float) -> None:
 
 
 def count_leaks(rt: Any) -> dict:
-    """Resource counters above their baseline, once no work is pending."""
-    s = rt.stats()
-    leaks = {
-        "pending": s["pending"],
-        "signals": s["signals_in_use"],
-        "kernarg": s["kernarg_in_use"],
-        "backlog": s["backlog"],
-        "host_locks": s["host_locks"],
-        "small_allocations": s["small_allocations"],
-        "large_allocations": s["large_allocations"],
-    }
-    return {k: v for k, v in leaks.items() if v}
+    """What the runtime still holds once no work is pending (the runtime's one leak check)."""
+    return rt.leaks(5.0, buffers=True)
 
 
 async def run_async(rt: Any, ops: int, tasks: int, seed: int, faults: bool, period: float,
                     progress: Any) -> Stats:
-    stats, budget = Stats(), [ops]
+    stats, budget = Stats(total=ops), [ops]
+    stats.started = time.monotonic()
     rng = random.Random(seed)
     stop = asyncio.Event()
     inj = asyncio.ensure_future(injector(rt, rng, stop, stats, period)) if faults else None
@@ -294,8 +301,12 @@ def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool
 
 
 def summary_line(stats: Stats, leaks: dict) -> str:
-    return (f"stress: {stats.ops} ops, {stats.faults} faults injected, {stats.failed} futures failed as "
+    line = (f"stress: {stats.ops} ops, {stats.faults} faults injected, {stats.failed} futures failed as "
             f"expected, {stats.mismatches} mismatches, {sum(leaks.values())} leaks, {stats.hangs} hangs")
+    rates = stats.tenth_rates(stats.started)
+    if rates is not None:
+        line += f" (ops/s first tenth {rates[0]:.0f}, last tenth {rates[1]:.0f})"
+    return line
 
 
 def run(args: argparse.Namespace) -> int:
