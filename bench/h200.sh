@@ -30,6 +30,9 @@ fi
 if [[ $STEPS == *profile* ]]; then   # profiled separately: the profiler slows what it measures
   timeout 120 python3 bench/serve.py --backend cuda --modes aiogpu --duration 4 --profile "$OUT" 2>&1 | tee "$OUT/profile.log"
 fi
+if [[ $STEPS == *hot* ]]; then       # pyinstrument of submit, one awaiter, 64 awaiters
+  timeout 180 python3 bench/profile_hot.py --backend cuda --out "$OUT" 2>&1 | tee "$OUT/hot.log"
+fi
 if [[ $STEPS == *probe* ]]; then
   timeout 120 python3 bench/probe_service.py --backend cuda --json "$OUT/probe.json" 2>&1 | tail -30
 fi
