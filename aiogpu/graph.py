@@ -156,7 +156,7 @@ class GraphExec:
         patches = self._check_patches(args or {}, grid or {}, block or {})
         with rt.lock:
             rt.check_open()
-            reads, writes, keep = self._buffers(patches)
+            reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
             fut = rt.submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
                 patches, deps, reads, writes, keep, label))
@@ -196,6 +196,18 @@ class GraphExec:
             device._check_grid(g, b)
             p.update(values=values, lengths=lengths, buffers=buffers, grid=g, block=b, args=new_args)
         return out
+
+    def _unpatched_buffers(self) -> tuple[list, list, list]:
+        """``_buffers({})``, computed once: the nodes and their arguments never change, so an
+        unpatched replay only re-checks that its buffers are still allocated."""
+        cached = self.__dict__.get("_unpatched")
+        if cached is None:
+            cached = self._unpatched = self._buffers({})
+        else:
+            for state in cached[0] + cached[1]:
+                if isinstance(state, Buffer):
+                    state.check_usable()
+        return cached
 
     def _buffers(self, patches: dict) -> tuple[list, list, list]:
         """Ordering states read and written by this replay, and what it keeps alive."""

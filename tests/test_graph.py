@@ -118,3 +118,24 @@ async def test_graph_with_host_copies_and_gather(rt):
     await exe.launch()
     np.testing.assert_array_equal(out, src + 1)
     np.testing.assert_array_equal(await b.to_numpy(np.int64), src + 2)
+
+
+@pytest.mark.asyncio
+async def test_replay_after_a_buffer_was_freed_is_refused_every_time(rt):
+    """Unpatched replays reuse the buffer lists computed at the first one: the freed-buffer
+    check must still run on every replay, before anything is submitted."""
+    d0 = rt.devices[0]
+    x = d0.alloc(8)
+    await aiogpu.copy(x, np.zeros(1, np.int64))
+    with aiogpu.Graph() as g:
+        d0.launch(add_const, grid=(1,), block=(1,), args=(x, 1))
+    exe = g.instantiate()
+    await exe.launch()
+    await exe.launch()
+    assert (await x.to_numpy(np.int64))[0] == 2
+    x.free()
+    pending = rt.hub.pending_count
+    for _ in range(2):
+        with pytest.raises(ValueError, match="freed"):
+            exe.launch()
+    assert rt.hub.pending_count == pending

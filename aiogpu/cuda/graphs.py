@@ -35,6 +35,7 @@ class CudaGraphExec(GraphExec):
         super().__init__(graph)
         self._pins: list = []
         self._keep: list = []
+        self._patched: set = set()    # nodes whose parameters differ from the captured ones
         self.exec = self.cugraph = self.lane = None
         try:
             self._build()             # (under the runtime lock: Runtime.instantiate)
@@ -131,14 +132,20 @@ class CudaGraphExec(GraphExec):
                   for node, p in patches.items()}
 
         def enqueue(stream: Any) -> int:
-            for node, orig in self.original.items():
-                want = wanted.get(node, orig)
+            # Only nodes patched now or by an earlier replay can differ from their original:
+            # an unpatched replay of an unpatched executable touches no node.
+            for node in self._patched | wanted.keys():
+                want = wanted.get(node, self.original[node])
                 if self.current[node] != want:
                     params = self._kernel_params(node.op["device"], node.op["kernel"], want)
                     (err,) = cu.cuGraphExecKernelNodeSetParams(self.exec, self.cu_nodes[node], params)
                     if err:
                         return err
                     self.current[node] = want
+                    if want == self.original[node]:
+                        self._patched.discard(node)
+                    else:
+                        self._patched.add(node)
             if len(self._keep) > 4 * len(self.original) + 64:
                 self._keep = self._keep[-2 * len(self.original):]
             return cu.cuGraphLaunch(self.exec, stream)[0]
