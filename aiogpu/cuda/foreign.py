@@ -81,7 +81,11 @@ def stream_device(rt: Any, handle: int, hint: int | None, device: Any) -> Any:
                                  "(aiogpu.stream_future(handle, device=dev))")
             device = rt.devices[0]
         return device
-    rt.devices[0].make_current()
+    for d in rt.devices:                 # seen before: its lane knows the device
+        if handle in d.foreign:
+            if device is not None and d is not device:
+                raise ValueError(f"the stream {handle:#x} is on {d.name}, not on {device.name}")
+            return d
     err, ctx = cu.cuStreamGetCtx(cu.CUstream(handle))
     if err != 0:
         raise ValueError(f"not a usable CUDA stream handle {handle:#x} ({D.error_name(err)})")
