@@ -231,8 +231,6 @@ async def test_stream_future_errors_on_cuda(cuda_rt):
     d0 = cuda_rt.devices[0]
     with pytest.raises(TypeError, match="expected a CUDA stream or event"):
         aiogpu.stream_future(object(), runtime=cuda_rt)
-    with pytest.raises(ValueError, match="not a usable CUDA stream handle"):
-        aiogpu.stream_future(0xDEAD0000, runtime=cuda_rt)
     other = aiogpu.Runtime("emulator", gpus=1)
     try:
         with pytest.raises(ValueError, match="another runtime"):
@@ -267,8 +265,9 @@ async def test_cupy_streams_and_events(cuda_rt):
         efut = aiogpu.stream_future(ev, runtime=cuda_rt)
         assert not fut.done() and not efut.done()
         await fut
-        assert s.done and efut.done() or (await efut) is None
+        assert s.done
         await efut
+        assert ev.done
         assert float(y.sum()) == 5.0 * 1024
         # The other way: a CuPy stream waits for aiogpu work.
         buf = d0.alloc(1024 * 4)
