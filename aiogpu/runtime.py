@@ -21,6 +21,9 @@ Hooks a backend implements (called under the lock unless said otherwise):
   can take it (the core then runs the built-in copy kernel through ``Device._submit_kernel``).
 - ``_submit_join(device, live, deps) -> GPUFuture``: one future after every live future.
 - ``_instantiate(graph) -> GraphExec``: a captured graph's executable.
+- ``_foreign_check(obj)``, ``_foreign_future(obj, device) -> GPUFuture``, ``_wait_on(fut, obj,
+  device)``: other libraries' CUDA streams and events (``stream_future``, ``after=``,
+  ``GPUFuture.wait_on``); the defaults raise NotOnCudaError (no CUDA streams here).
 - ``_backend_stats() -> dict``: the backend's leak counters and figures.
 - ``describe() -> str``: what ``python -m aiogpu info`` prints.
 - ``_release()``: free every driver resource, the hub's completion objects (``hub.close()``)
@@ -315,7 +318,7 @@ class Runtime:
             err = GPUError(f"{label}: {device.broken}", status=getattr(device.broken, "status", None))
         if err is not None:
             return ordering.failed_without_running(self.hub, label, err, writes)
-        if self._deferred or compile is not None:
+        if deps or compile is not None:          # (deferred work in deps: its submitted work)
             resolved, blockers = deferred.resolve(deps)
             if blockers or compile is not None:
                 return deferred.defer(self, device, label, reads, writes, deps, submit, compile, blockers)

@@ -126,6 +126,37 @@ async def test_work_after_a_deferred_launch_keeps_call_order(make_runtime, slow_
 
 
 @pytest.mark.asyncio
+async def test_work_after_a_deferred_launch_was_submitted_waits_for_its_work(make_runtime, slow_compiler):
+    """Once submitted, a deferred launch's future stands for its work in the hazards: later
+    work on its buffers waits on the device for that work (not for the Deferred itself)."""
+    rt = make_runtime()
+    d0 = rt.devices[0]
+
+    @aiogpu.kernel("f32*, u32", name="slow_then_add")
+    def slow_then_add(launch, y, n):
+        time.sleep(0.3)
+        y[:n] += 1
+
+    @aiogpu.kernel("f32*, u32")
+    def times_ten(launch, y, n):
+        y[:n] *= 10
+
+    slow_compiler["delay"] = 0.05
+    n = 64
+    y = d0.alloc(n * 4)
+    await y.fill(0)
+    k = d0.launch(slow_then_add, (n,), (n,), (y, n))
+    while k.real is None:
+        await asyncio.sleep(0.005)
+    assert not k.done(), "its work runs for 0.3 s"
+    t = d0.launch(times_ten, (n,), (n,), (y, n))
+    assert not isinstance(t, Deferred)
+    await t
+    assert k.done()
+    np.testing.assert_array_equal(await y.to_numpy(np.float32), np.full(n, 10, np.float32))
+
+
+@pytest.mark.asyncio
 async def test_a_launch_reading_a_buffer_a_later_call_overwrites(make_runtime, slow_compiler):
     """Write after read: a deferred kernel reading x, then an immediate copy into x: the copy
     waits for the deferred kernel (it is deferred behind it), so the kernel reads the old x."""
