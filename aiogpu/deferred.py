@@ -227,4 +227,9 @@ def abandon(rt: Any, timeout: float) -> int:
                                       f"for its kernel to compile (close timeout {timeout:g} s)"))
         rt.hub._retire(fut)
     rt._deferred.clear()
+    from .errors import RuntimeClosedError
+    for dev in rt.devices:                 # compiles not finished: their futures fail too
+        for compiling in list(getattr(dev, "_compiling", {}).values()):
+            if compiling._state == PENDING:
+                finish_compile(rt, compiling, RuntimeClosedError("the runtime was closed before the kernel compiled"))
     return len(waiting)

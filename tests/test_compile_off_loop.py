@@ -234,9 +234,12 @@ def test_close_abandons_deferred_work_past_its_timeout(make_runtime, slow_compil
     gate = slow_compiler["hold"] = threading.Event()
     y = d0.alloc(64)
     k = d0.launch(slow_add_one, (16,), (16,), (y, 16))
+    warm = d0.load(slow_add_one)
     rt.close(timeout=0.2)
     gate.set()
     assert k.done()
+    with pytest.raises(aiogpu.RuntimeClosedError):
+        warm.result()
     with pytest.raises(aiogpu.GPUError, match="abandoned"):
         k.result()
 
