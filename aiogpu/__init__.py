@@ -15,6 +15,7 @@ from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
 from .runtime import Runtime, runtime
+from .runtime import runtime as _default_runtime
 from .futures import GPUFuture
 from .structured import TaskGroup
 from .graph import Graph, GraphExec, GraphNode
@@ -22,7 +23,7 @@ from .dataloader import Batch, Loader
 from .trace import trace
 
 __all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
-           "GraphExec", "GraphNode", "TaskGroup", "Loader", "Batch", "trace", "copy", "gather",
+           "GraphExec", "GraphNode", "TaskGroup", "Loader", "Batch", "trace", "copy", "gather", "stream_future",
            "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "RuntimeClosedError",
            "BackendUnavailable", "InvalidStateError", "NotOnCudaError", "__version__"]
 __version__ = "0.1.0"
@@ -51,6 +52,32 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
     completes (the future keeps it alive).
     """
     return _runtime_of(dst, src).copy(dst, src, after)
+
+
+def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture:
+    """A GPUFuture for everything queued so far on another library's CUDA stream, or for the
+    record an event holds now: await PyTorch or CuPy work without ``torch.cuda.synchronize``
+    in a thread.
+
+    ``stream``: a ``torch.cuda.Stream``/``ExternalStream`` (or a ``torch.cuda.Event``), a CuPy
+    ``Stream``/``Event``, a ``CUstream``/``CUevent``, or an int stream handle. An event recorded
+    on the stream now (timing disabled, from a pool) is watched by the runtime's waiter: the
+    future completes once the work queued before this call has finished, and later work on the
+    stream is not waited for. For an event, its current record is captured on the device:
+    recording it again later does not move the future; an event never recorded is complete.
+    Nothing blocks the loop, and the future can be passed in ``after=`` (a wait on the device).
+    ``after=`` also takes such streams and events directly.
+
+    ``device``: the GPU of a default-stream handle (0, 1, 2) when the runtime has several (torch
+    and CuPy stream objects say theirs). ``runtime``: default ``aiogpu.runtime()``.
+
+    Raises NotOnCudaError on a backend without CUDA streams (the emulator, HSA), TypeError for
+    an object that is not a stream or event, ValueError for a stream of another GPU context (or
+    a device that does not match it), RuntimeClosedError after ``close()``; ValueError inside a
+    graph capture.
+    """
+    rt = runtime if runtime is not None else _default_runtime()
+    return rt.stream_future(stream, device=device)
 
 
 def gather(*futures: GPUFuture) -> GPUFuture:

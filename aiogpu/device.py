@@ -10,7 +10,13 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 
 - ``_raw_alloc(size) -> address`` / ``_raw_free(address)``: device memory from the driver;
   ``_raw_alloc`` raises ``OutOfMemoryError`` when there is none.
-- ``_load(kernel) -> loaded``: the kernel's code loaded on this device (cached by ``loaded``).
+- ``_load(kernel) -> loaded``: the kernel's code loaded on this device (cached by ``loaded``);
+  fast once ``_compile`` has run.
+- ``_needs_compile(kernel) -> bool``: whether loading ``kernel`` must first compile it (slow);
+  cheap, compiles nothing (default: False).
+- ``_compile(kernel)``: the slow part of loading (NVRTC, comgr), leaving its result where
+  ``_load`` finds it (the compilers' caches); called on a compile worker thread WITHOUT the
+  lock, so it must be thread-safe and touch no runtime state (default: nothing).
 - ``_submit_kernel(loaded, label, grid, block, values, lengths, deps, reads, writes, keep=(),
   cleanup=()) -> GPUFuture``: one dispatch on a compute lane after ``deps`` (on the device).
 - ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from . import deferred
 from .errors import OutOfMemoryError
 from .futures import GPUFuture
 from .kernels import Kernel, fill_kernel
@@ -140,6 +147,7 @@ class Device:
         self.compute: list[Any] = []   # compute lanes, set by the backend
         self._rr: Any = None
         self._kernels: dict[Kernel, Any] = {}
+        self._compiling: dict[Kernel, Any] = {}   # compile futures (deferred.Deferred) in flight or failed
         self._shapes: dict[tuple, tuple] = {}
 
     def _set_compute_lanes(self, lanes: list) -> None:
@@ -158,6 +166,12 @@ class Device:
 
     def _load(self, kernel: Kernel) -> Any:
         raise NotImplementedError
+
+    def _needs_compile(self, kernel: Kernel) -> bool:
+        return False
+
+    def _compile(self, kernel: Kernel) -> None:
+        """The slow, thread-safe part of loading ``kernel`` (worker thread, no lock)."""
 
     def _submit_kernel(self, loaded: Any, label: str, grid: tuple, block: tuple, values: list,
                        lengths: list, deps: dict, reads: list, writes: list, *,
@@ -221,6 +235,56 @@ class Device:
             got = self._kernels[kernel] = self._load(kernel)
         return got
 
+    def load(self, kernel: Kernel) -> GPUFuture:
+        """Compile and load ``kernel`` on this device, off the event loop: the warm-up of a
+        service (``await dev.load(kernel)`` before taking requests).
+
+        Returns a future at once; the compile runs on a worker thread (the loop runs on) and
+        the future completes once the kernel is ready here (at once if it already is; the
+        compilers' disk cache makes a second process fast). It fails with the compiler's
+        error (a ValueError carrying its log) if the kernel does not compile; launches of it
+        then raise that error. RuntimeClosedError after ``close()``."""
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"load takes an aiogpu kernel, got {kernel!r}")
+        rt = self.runtime
+        with rt.lock:
+            rt.check_open()
+            if kernel in self._kernels:
+                return deferred.completed(rt.hub, f"load {kernel.name}")
+            pending = self._compiling.get(kernel)
+            if pending is None:
+                pending = self._start_compile(kernel, always=True)
+            return pending
+
+    def _start_compile(self, kernel: Kernel, *, always: bool = False) -> Any:
+        """The compile future of ``kernel`` on this device, started now on a worker thread
+        (under the lock); None when loading it compiles nothing (``always``: a future anyway)."""
+        rt = self.runtime
+        if not always and not self._needs_compile(kernel):
+            return None
+        fut = self._compiling[kernel] = deferred.new_compile(rt, f"compile {kernel.name} for {self.name}")
+
+        def work() -> None:
+            exc: BaseException | None = None
+            try:
+                self._compile(kernel)
+            except BaseException as e:  # noqa: BLE001 - the compile's failure, for its future
+                exc = e
+            with rt.lock:
+                if exc is None and not rt._abandoning:
+                    try:
+                        self.loaded(kernel)
+                    except BaseException as e:  # noqa: BLE001
+                        exc = e
+                elif exc is None:
+                    exc = RuntimeError("the runtime was closed before the kernel was loaded")
+                if exc is None:
+                    del self._compiling[kernel]
+                deferred.finish_compile(rt, fut, exc)
+
+        rt.compile_in_background(work)
+        return fut
+
     def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
                after: Iterable[GPUFuture] = ()) -> GPUFuture:
         """Dispatch ``kernel`` over ``grid`` work-items in workgroups of ``block``.
@@ -230,6 +294,13 @@ class Device:
         that conflict with the buffers it uses: its pointer arguments are read and written,
         ``const T*`` ones only read, ``out T*`` ones only written. It fails if something it
         reads failed; writing memory that a failed operation left undefined defines it again.
+
+        A kernel not compiled yet for this device is compiled on a worker thread (never on the
+        event loop): the launch returns its future at once, its ordering is fixed now (later
+        work on its buffers orders after it), and it is submitted when the compile finishes
+        (see ``aiogpu.deferred``); if the compile fails, the future fails with a GPUError
+        caused by the compiler's error, and later launches of the kernel raise that error.
+        ``await dev.load(kernel)`` compiles ahead of time.
         """
         rt = self.runtime
         grid, block = self.shape(kernel, grid, block)
@@ -245,7 +316,16 @@ class Device:
             reads = writes = []
         with rt.lock:
             rt.check_open()
-            loaded = self._kernels.get(kernel) or self.loaded(kernel)
+            loaded = self._kernels.get(kernel)
+            if loaded is None:
+                compiling = self._compiling.get(kernel) or self._start_compile(kernel)
+                if compiling is not None and compiling._exc is not None:
+                    raise compiling._exc            # it did not compile: bad input, as before
+                if compiling is not None and not compiling.done():
+                    return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
+                        self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes),
+                        compile=compiling)
+                loaded = self.loaded(kernel)
             return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
                 loaded, kernel.name, grid, block, values, lengths, deps, reads, writes))
 

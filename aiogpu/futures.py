@@ -109,6 +109,23 @@ class GPUFuture:
             event = self._event
         return event.wait(timeout)
 
+    def wait_on(self, stream: Any, *, device: Any = None) -> None:
+        """Make another library's CUDA stream (a ``torch.cuda.Stream``, a CuPy ``Stream``, a
+        ``CUstream`` or an int handle) wait, on the device, for this future's work: what the
+        library queues there afterwards runs after it. Never blocks the host.
+
+        Returns at once (nothing to wait for) when the work has finished; raises its error if
+        it failed (the library must not read what it left undefined). NotOnCudaError on a
+        backend without CUDA streams; InvalidStateError while the work waits for its kernel's
+        compile (await it, or ``await dev.load(kernel)`` first); ValueError for a stream of
+        another GPU context or a graph node; RuntimeClosedError after ``close()``."""
+        owner = getattr(self._hub, "owner", None)
+        if owner is None:
+            if self._exc is not None:
+                raise self._exc
+            return
+        owner.wait_on(self, stream, device=device)
+
     def add_done_callback(self, fn: Callable[["GPUFuture"], Any]) -> None:
         """Call ``fn(self)`` once done: on the calling event loop if there is one, else on the
         runtime's waiter thread (keep such callbacks short and non-blocking)."""

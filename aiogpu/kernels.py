@@ -45,6 +45,11 @@ class Kernel:
         """Indices of the pointer arguments the kernel may read (not ``out``)."""
         return [i for i, a in enumerate(self.args) if a.pointer and not a.out]
 
+    def compile(self, device: Any) -> Any:
+        """``device.load(self)``: compile and load this kernel on ``device`` off the event loop;
+        a future that completes when it is ready (``await kernel.compile(dev)``)."""
+        return device.load(self)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
         return self.body(*args, **kwargs)

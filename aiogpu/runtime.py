@@ -21,6 +21,9 @@ Hooks a backend implements (called under the lock unless said otherwise):
   can take it (the core then runs the built-in copy kernel through ``Device._submit_kernel``).
 - ``_submit_join(device, live, deps) -> GPUFuture``: one future after every live future.
 - ``_instantiate(graph) -> GraphExec``: a captured graph's executable.
+- ``_foreign_check(obj)``, ``_foreign_future(obj, device) -> GPUFuture``, ``_wait_on(fut, obj,
+  device)``: other libraries' CUDA streams and events (``stream_future``, ``after=``,
+  ``GPUFuture.wait_on``); the defaults raise NotOnCudaError (no CUDA streams here).
 - ``_backend_stats() -> dict``: the backend's leak counters and figures.
 - ``describe() -> str``: what ``python -m aiogpu info`` prints.
 - ``_release()``: free every driver resource, the hub's completion objects (``hub.close()``)
@@ -42,9 +45,9 @@ from typing import Any, Callable, ClassVar, Iterable
 import numpy as np
 
 from . import capture as _capture
-from . import ordering
+from . import deferred, ordering
 from .device import Device
-from .errors import BackendUnavailable, GPUError, RuntimeClosedError
+from .errors import BackendUnavailable, GPUError, InvalidStateError, NotOnCudaError, RuntimeClosedError
 from .futures import FutureHub, GPUFuture, completed_future
 from .hostpool import PinnedPool
 from .kernels import copy_kernel
@@ -67,7 +70,7 @@ FIXES: dict[str, str] = {
     "cuda": "pip install 'aiogpu[cuda]' on a machine with an NVIDIA GPU and its driver",
 }
 # Counters that return to zero when nothing is pending: what a leak check looks at.
-LEAK_KEYS = ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks")
+LEAK_KEYS = ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks", "deferred")
 
 
 def resolve_backend(backend: str | None) -> str | None:
@@ -212,6 +215,10 @@ class Runtime:
         self.devices: list[Device] = []
         self._graphs: weakref.WeakSet = weakref.WeakSet()
         self.pinned = PinnedPool(self._pin_host, self._unpin_host)
+        self._deferred: set = set()       # deferred operations not submitted yet (deferred.py)
+        self._replaying = 0               # > 0 while deferred work is being submitted
+        self._compiler: Any = None        # the compile worker threads (created at first use)
+        self._abandoning = False          # close gave up waiting: deferred work fails
 
     # -- state ---------------------------------------------------------------------------------
     def check_open(self) -> None:
@@ -225,17 +232,22 @@ class Runtime:
 
     def check_after(self, after: Any) -> list[GPUFuture]:
         """``after=`` as a list of this runtime's GPUFutures (TypeError/ValueError otherwise).
-        A graph node is accepted only inside its capture."""
-        if isinstance(after, GPUFuture):
+        A graph node is accepted only inside its capture. Another library's CUDA stream or
+        event (``is_cuda_sync``) becomes ``stream_future(it)`` now: the work waits, on the
+        device, for what was queued there before this call (NotOnCudaError off CUDA)."""
+        if isinstance(after, GPUFuture) or is_cuda_sync(after):
             after = [after]
         try:
             items = list(after)
         except TypeError:
             raise TypeError(f"after= takes GPUFutures, got {after!r}") from None
         capture = None
-        for f in items:
+        for i, f in enumerate(items):
             if not isinstance(f, GPUFuture):
-                raise TypeError(f"after= takes GPUFutures, got {f!r}")
+                if not is_cuda_sync(f):
+                    raise TypeError(f"after= takes GPUFutures (or CUDA streams and events of torch or "
+                                    f"CuPy), got {f!r}")
+                items[i] = f = self.stream_future(f)
             if getattr(f, "graph", None) is not None:
                 capture = capture or self.capturing()
                 if capture is None:
@@ -245,12 +257,58 @@ class Runtime:
                 raise ValueError(f"{f!r} belongs to another runtime")
         return items
 
+    # -- other libraries' CUDA streams and events ------------------------------------------------
+    def stream_future(self, stream: Any, *, device: Device | None = None) -> GPUFuture:
+        """See ``aiogpu.stream_future``."""
+        if self.capturing() is not None:
+            raise ValueError("a graph cannot capture a wait on another library's stream or event; "
+                             "await stream_future(...) before replaying, or pass it to the replay's work")
+        with self.lock:
+            self.check_open()
+            return self._foreign_future(stream, device)
+
+    def wait_on(self, fut: GPUFuture, stream: Any, *, device: Device | None = None) -> None:
+        """See ``GPUFuture.wait_on``: the rule (what can wait) here, the driver calls in the
+        backend's ``_wait_on``."""
+        if getattr(fut, "graph", None) is not None:
+            raise ValueError(f"{fut!r} is a node of a captured graph; wait on a replay's future instead")
+        with self.lock:
+            self.check_open()
+            self._foreign_check(stream)
+            got = deferred.real(fut)
+            if got is None:
+                raise InvalidStateError(f"{fut!r} is not submitted yet (its kernel is compiling): "
+                                        f"await it, or await dev.load(kernel) before launching")
+            if got._exc is not None:
+                from .futures import mark_retrieved
+                mark_retrieved(got._exc)
+                raise got._exc
+            if got.retired or got._hub is None:
+                return                       # finished on the device: nothing to wait for
+            self._wait_on(got, stream, device)
+
+    def _foreign_check(self, obj: Any) -> None:
+        """Raise NotOnCudaError where this backend has no CUDA streams (default: always)."""
+        raise NotOnCudaError(f"the {self.backend} backend has no CUDA streams or events "
+                             f"({type(obj).__name__} given); stream futures and wait_on need the cuda backend")
+
+    def _foreign_future(self, obj: Any, device: Any) -> GPUFuture:
+        """Hook: a future for another library's stream or event (under the lock)."""
+        self._foreign_check(obj)
+        raise NotImplementedError
+
+    def _wait_on(self, fut: GPUFuture, obj: Any, device: Any) -> None:
+        """Hook: make another library's stream wait for ``fut`` on the device (under the lock)."""
+        raise NotImplementedError
+
     # -- submission (under the lock) -------------------------------------------------------------
     def submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
-                       submit: Callable[[dict], GPUFuture]) -> GPUFuture:
+                       submit: Callable[[dict], GPUFuture], *, compile: Any = None) -> GPUFuture:
         """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
         a failed input or a broken device fails it without submitting anything, else
-        ``submit(deps)`` submits it."""
+        ``submit(deps)`` submits it: now, or, when ``compile`` (its kernel's compile) is still
+        running or a dependency is deferred work not submitted yet, once they are (the
+        operation is deferred: see ``deferred.py``)."""
         if reads or writes or after:
             deps = ordering.dependencies(reads, writes, after)
             err = ordering.failed_dependency(deps) if deps else None
@@ -260,6 +318,11 @@ class Runtime:
             err = GPUError(f"{label}: {device.broken}", status=getattr(device.broken, "status", None))
         if err is not None:
             return ordering.failed_without_running(self.hub, label, err, writes)
+        if deps or compile is not None:          # (deferred work in deps: its submitted work)
+            resolved, blockers = deferred.resolve(deps)
+            if blockers or compile is not None:
+                return deferred.defer(self, device, label, reads, writes, deps, submit, compile, blockers)
+            deps = resolved
         return submit(deps)
 
     def track(self, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iterable[GPUFuture] = (),
@@ -267,6 +330,13 @@ class Runtime:
         """Bookkeeping once ``fut`` is submitted: it becomes the last writer of ``writes`` and a
         reader of ``reads``; buffers count it as a user; ``keep`` stays alive and ``cleanup``
         runs when it has retired (under the lock)."""
+        if self._replaying:
+            # Deferred work being submitted: its Deferred future recorded the hazards and holds
+            # the buffers since the call (deferred.py); the submitted work only waits and cleans.
+            fut.preds.extend(d for d in deps if not d.retired)
+            fut.keep.extend(keep)
+            fut._cleanup.extend(cleanup)
+            return
         reads, writes = list(reads), list(writes)
         ordering.record(fut, reads, writes, deps)
         used = {id(s): s for s in (*reads, *writes)}.values()
@@ -441,7 +511,13 @@ class Runtime:
                 return completed_future(self.hub, "gather", err)
             device = next((f.device for f in live if f.device is not None), self.devices[0])
             # Ordering edges only: a member's failure must not settle the join early.
-            fut = self._submit_join(device, live, {f: False for f in live})
+            fut: GPUFuture
+            deps, blockers = deferred.resolve({f: False for f in live})
+            if blockers:
+                fut = deferred.defer(self, device, f"gather of {len(live)}", [], [], deps, lambda d: self._submit_join(
+                    device, [f for f in d if not f.retired], d), blockers=blockers)
+            else:
+                fut = self._submit_join(device, list(deps), deps)
             if fut.members is None and not fut.done():
                 fut.members = futures
             return fut
@@ -499,6 +575,7 @@ class Runtime:
         with self.lock:
             out = {key: 0 for key in LEAK_KEYS}
             out.update(pending=self.hub.pending_count, host_ranges=self.hazards.host_ranges,
+                       deferred=len(self._deferred),
                        small_allocations=sum(d.memory.small.used for d in self.devices),
                        large_allocations=sum(len(d.memory.large) for d in self.devices),
                        cached_bytes=sum(d.memory.cached_bytes for d in self.devices),
@@ -544,17 +621,29 @@ class Runtime:
                 return
             self.closed = True
         deadline = time.monotonic() + timeout
-        while self.hub.pending_count and time.monotonic() < deadline:
+        while (self.hub.pending_count or self._deferred) and time.monotonic() < deadline:
             self.hub.poll()
-            if self.hub.pending_count:
+            if self.hub.pending_count or self._deferred:
                 time.sleep(0.002)
         with self.lock:
+            self._abandoning = True
+            deferred.abandon(self, timeout)
             abandoned = self._abandon_pending(timeout)
+        if self._compiler is not None:
+            self._compiler.shutdown(wait=False, cancel_futures=True)
         self.hub.stop()
         if abandoned:
             threading.Thread(target=self._shutdown, name="aiogpu-close", daemon=True).start()
         else:
             self._shutdown()
+
+    def compile_in_background(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on one of the runtime's compile worker threads (two; created at first
+        use, so that two kernels compile at once while the event loop runs on)."""
+        if self._compiler is None:
+            import concurrent.futures
+            self._compiler = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="aiogpu-compile")
+        self._compiler.submit(fn)
 
     def _abandon_pending(self, timeout: float) -> int:
         """Fail every future still pending at close (under the lock); how many were pending."""
@@ -583,6 +672,18 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.backend}: {len(self.devices)} GPU(s)>"
+
+
+def is_cuda_sync(obj: Any) -> bool:
+    """Whether ``obj`` looks like another library's CUDA stream or event (torch, CuPy,
+    cuda-bindings), by duck typing: no library is imported."""
+    if hasattr(obj, "cuda_stream") or hasattr(obj, "cuda_event"):
+        return True
+    cls = type(obj)
+    module, name = cls.__module__ or "", cls.__name__
+    if module.startswith("cupy") and ("Stream" in name or "Event" in name):
+        return True
+    return module.startswith("cuda") and name in ("CUstream", "CUevent")
 
 
 def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], bool]) -> None:

@@ -31,3 +31,10 @@ def test_pytest_plugin_example_suite():
     out = run("-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLES / "test_with_aiogpu_plugin.py"))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "6 passed" in out.stdout
+
+
+def test_torch_service_example_runs_or_says_why_not():
+    """Needs PyTorch with CUDA and aiogpu's CUDA backend; elsewhere it says so and exits 0."""
+    out = run(str(EXAMPLES / "torch_service.py"), "--duration", "2", "--warmup", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "torch_service: skipped:" in out.stdout or " 0 wrong, 0 errors" in out.stdout, out.stdout

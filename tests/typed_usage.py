@@ -25,7 +25,17 @@ async def main() -> None:
     exe: aiogpu.GraphExec = g.instantiate()
     await exe.launch()
     await aiogpu.gather(f1, f2)
+    ready: aiogpu.GPUFuture = d0.load(saxpy)             # compile off the loop (warm-up)
+    await ready
+    await saxpy.compile(d0)
     rt: aiogpu.Runtime = aiogpu.runtime()
+    if rt.backend == "cuda":
+        import torch  # type: ignore[import-not-found]
+        s = torch.cuda.Stream()
+        done: aiogpu.GPUFuture = aiogpu.stream_future(s, runtime=rt)
+        f3 = d0.launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n), after=[done])
+        f3.wait_on(s)
+        await f3
     rt.close()
 
 if __name__ == "__main__":

@@ -398,6 +398,98 @@ def idle_cpu(dev: Any, seconds: float) -> float:
     return _uvloop_run(main())
 
 
+# -- other libraries' streams (issue 15) --------------------------------------------------------------
+def torch_stream_costs(rt: Any, n: int) -> dict:
+    """Awaiting a PyTorch stream after a one-thread torch kernel: ``stream_future`` on uvloop
+    against ``torch.cuda.synchronize()`` (the floor, no loop) and ``run_in_executor`` of it.
+    Empty where torch (with CUDA) is absent."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return {}
+    except ImportError:
+        return {}
+    dev = rt.devices[0]
+    torch.cuda.set_device(dev.index)
+    x = torch.zeros(1, device=f"cuda:{dev.index}")
+    stream = torch.cuda.current_stream()
+
+    def launch() -> None:
+        x.add_(1.0)                       # one element: a one-thread kernel
+
+    for _ in range(200):
+        launch()
+    torch.cuda.synchronize()
+    floor = []
+    for _ in range(n):
+        t = time.perf_counter()
+        launch()
+        torch.cuda.synchronize()
+        floor.append(time.perf_counter() - t)
+
+    async def awaited(count: int) -> list[float]:
+        out = []
+        for _ in range(count):
+            t = time.perf_counter()
+            launch()
+            await aiogpu.stream_future(stream, runtime=rt)
+            out.append(time.perf_counter() - t)
+        return out
+
+    async def executor(count: int) -> list[float]:
+        loop, out = asyncio.get_running_loop(), []
+        for _ in range(count):
+            t = time.perf_counter()
+            launch()
+            await loop.run_in_executor(None, torch.cuda.synchronize)
+            out.append(time.perf_counter() - t)
+        return out
+
+    _uvloop_run(awaited(100))
+    res = {"torch_sync_floor_us": median_us(floor), "stream_await_us": median_us(_uvloop_run(awaited(n)))}
+    _uvloop_run(executor(50))
+    res["torch_executor_await_us"] = median_us(_uvloop_run(executor(n)))
+    res["stream_await_us_asyncio"] = median_us(asyncio.run(awaited(n)))
+    torch.cuda.synchronize()
+    return res
+
+
+def first_launch_stall(dev: Any) -> dict:
+    """The largest event-loop gap (a 0.5 ms heartbeat) while a kernel never compiled before
+    (a unique source: NVRTC's disk cache misses) is launched and awaited on uvloop."""
+    import os
+    name = f"bench_fresh_{os.getpid()}_{time.time_ns()}"
+    src = NOOP_CU.replace("bench_noop", name) + f"// {name}\n"
+    fresh = aiogpu.Kernel(lambda launch, n: None, "u32", cuda=src, name=name)
+    period = 0.0005
+
+    async def main() -> dict:
+        gaps: list[float] = []
+        stop = [False]
+
+        async def beat() -> None:
+            while not stop[0]:
+                t = time.perf_counter()
+                await asyncio.sleep(period)
+                gaps.append(time.perf_counter() - t - period)
+
+        task = asyncio.ensure_future(beat())
+        await asyncio.sleep(0.05)
+        gaps.clear()
+        t = time.perf_counter()
+        fut = dev.launch(fresh, (1,), (1,), (0,))
+        call = time.perf_counter() - t
+        await fut
+        total = time.perf_counter() - t
+        await asyncio.sleep(0.01)
+        stop[0] = True
+        await task
+        return {"first_launch_loop_stall_ms": max(gaps) * 1e3, "first_launch_call_ms": call * 1e3,
+                "first_launch_total_ms": total * 1e3, "first_launch_heartbeats": len(gaps)}
+
+    return _uvloop_run(main())
+
+
 # -- driver ------------------------------------------------------------------------------------------
 def measure(quick: bool) -> dict:
     import aiogpu.cuda.driver as D
@@ -461,6 +553,9 @@ def measure(quick: bool) -> dict:
         res.update(_uvloop_run(loader_throughput(rt.devices, 16 if quick else 64, 1 << 24, iters=1500)))
         progress("data loading: fresh 64 MiB host arrays")
         res["loader_fresh_GBs"] = _uvloop_run(loader_fresh(dev, 8 if quick else 24, 64 << 20))
+        progress("awaiting PyTorch streams; a first launch compiling off the loop")
+        res.update(torch_stream_costs(rt, n))
+        res.update(first_launch_stall(dev))
         progress("idle CPU while awaiting a long kernel")
         res["idle_cpu_percent"] = idle_cpu(dev, 1.0 if quick else 3.0)
         res["stats"] = rt.stats()
@@ -477,6 +572,9 @@ def measure(quick: bool) -> dict:
     res["loader_fresh_fraction_of_raw"] = res["loader_fresh_GBs"] / res["h2d_GBs_raw"]
     res["graph_over_raw"] = res["graph_replay_us_per_node"] / res["graph_raw_us_per_node"]
     res["submit_over_launch"] = res["submit_us_aiogpu_launch_bindings"] / res["call_us_launch_bindings"]
+    if "stream_await_us" in res:
+        res["stream_await_over_torch_floor"] = res["stream_await_us"] / res["torch_sync_floor_us"]
+        res["torch_executor_over_stream_await"] = res["torch_executor_await_us"] / res["stream_await_us"]
     return res
 
 
@@ -515,6 +613,11 @@ ROWS = [
                                                              "loader_pipelined_batches_per_s")),
     ("fresh 64 MiB arrays through aiogpu.Loader, GB/s", "loader_fresh_GBs"),
     ("idle runtime awaiting a long kernel, CPU %", "idle_cpu_percent"),
+    ("await a torch stream after a one-thread kernel (us)", None),
+    ("  torch.cuda.synchronize() floor / stream_future uvloop", ("torch_sync_floor_us", "stream_await_us")),
+    ("  stream_future asyncio / run_in_executor(synchronize)", ("stream_await_us_asyncio", "torch_executor_await_us")),
+    ("first launch compiling off the loop: stall / call / total ms", ("first_launch_loop_stall_ms",
+                                                                     "first_launch_call_ms", "first_launch_total_ms")),
 ]
 
 
@@ -532,6 +635,10 @@ def table(res: dict) -> str:
                  f"ops ratio at 64 tasks {res['ops_ratio_64']:.2f}x (>= 3), copies "
                  + ", ".join(f"{d} {res[f'{d}_fraction_of_raw']:.0%}" for d in ("h2d", "d2h", "d2d"))
                  + f" (>= 95%), idle CPU {res['idle_cpu_percent']:.2f}% (< 5)")
+    if "stream_await_over_torch_floor" in res:
+        lines.append(f"issue 15: stream await / torch floor {res['stream_await_over_torch_floor']:.2f}x (<= 1.5), "
+                     f"executor / stream await {res['torch_executor_over_stream_await']:.2f}x (>= 3), "
+                     f"first-launch loop stall {res['first_launch_loop_stall_ms']:.2f} ms (<= 2)")
     return "\n".join(lines)
 
 

@@ -92,6 +92,8 @@ class CudaDevice(Device):
         self.d2d = Lane(self, f"{self.name}.d2d", "d2d")
         self.peer = Lane(self, f"{self.name}.peer", "peer")
         self.lanes = [*self.compute, self.h2d, self.d2h, self.d2d, self.peer]
+        self.foreign: dict[int, Any] = {}   # other libraries' streams (foreign.py), by handle
+        self.ext: list[Lane] = []            # streams that capture other libraries' events
         self.peers: set[int] = set()
 
     def __repr__(self) -> str:
@@ -115,6 +117,16 @@ class CudaDevice(Device):
         cu.cuMemFree(address)
 
     # -- hooks: kernels ------------------------------------------------------------------------
+    def _needs_compile(self, kernel: Kernel) -> bool:
+        """CUDA C source not yet compiled by NVRTC in this process for this architecture."""
+        code = kernel.cuda
+        return isinstance(code, str) and not nvrtc.cached(code, *self.cc)
+
+    def _compile(self, kernel: Kernel) -> None:
+        """NVRTC (or the disk cache) on a compile worker thread; ``_load`` then finds the image."""
+        if isinstance(kernel.cuda, str):
+            nvrtc.compile_source(kernel.cuda, kernel.name, *self.cc)
+
     def _load(self, kernel: Kernel) -> LoadedCudaKernel:
         """``kernel`` compiled (NVRTC, cached per process) and loaded in this context."""
         code = kernel.cuda

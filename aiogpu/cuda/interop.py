@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..deferred import real
 from ..memory import Buffer
 from . import driver as D
 from .driver import cu
@@ -64,8 +65,18 @@ def foreign_info(rt: Any, obj: Any, name: str) -> tuple[int, int, Any, int | Non
 
 
 # -- __cuda_array_interface__ ---------------------------------------------------------------------
+def _submitted(f: Any) -> Any:
+    """The device work behind ``f`` (a deferred launch's submitted work); BufferError while it
+    still waits for its kernel's compile (nothing on the device to wait for yet)."""
+    got = real(f) if f is not None else None
+    if f is not None and got is None:
+        raise BufferError(f"{f!r} waits for its kernel's compile: await it (or dev.load(kernel)) "
+                          f"before handing the buffer to another library")
+    return got
+
+
 def _pending_writer(buf: Buffer) -> Any:
-    w = buf.last_write
+    w = _submitted(buf.last_write)
     return w if w is not None and not w.retired and getattr(w, "lane", None) is not None else None
 
 
@@ -146,7 +157,7 @@ def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_de
     with rt.lock:
         if stream != -1:
             consumer = LEGACY_STREAM if stream is None else int(stream)
-            pending = [f for f in [buf.last_write, *buf.reads]
+            pending = [f for f in map(_submitted, [buf.last_write, *buf.reads])
                        if f is not None and not f.done() and getattr(f, "lane", None) is not None]
             if pending:
                 buf.device.make_current()

@@ -1,20 +1,44 @@
-"""CUDA C source -> cubin with NVRTC, for one device architecture, cached per process.
+"""CUDA C source -> cubin with NVRTC, for one device architecture, cached per process and on disk.
 
 A kernel's ``cuda=`` source is compiled once per (source, architecture) with
 ``--gpu-architecture=sm_XY``; when this NVRTC does not know the architecture it falls back to
 PTX for the newest virtual architecture it knows, which the driver then JIT-compiles.
-Compilation errors are ``ValueError`` (bad input, raised before anything is submitted) carrying
-NVRTC's log.
+Compilation errors are ``ValueError`` (bad input) carrying NVRTC's log.
+
+Thread-safe, and meant to run off the event loop (``Device.load``; a first launch compiles on a
+worker thread): the lock guards only the in-process cache, never a compile (cuda-bindings
+releases the GIL inside NVRTC), so two kernels compile at once and a cache hit never waits for
+another kernel's compile. Results are also kept in the on-disk cache (``aiogpu.compile_cache``),
+keyed by the source, the architecture, the options and NVRTC's version.
 """
 from __future__ import annotations
 
 import hashlib
 import threading
 
+from .. import compile_cache
+
 _cache: dict[tuple[str, str], tuple[bytes, str]] = {}
 _lock = threading.Lock()
 
 OPTIONS = [b"--std=c++17", b"-default-device"]
+_version: list[str] = []
+
+
+def cached(source: str, major: int, minor: int) -> bool:
+    """Whether ``source`` is compiled for ``major.minor`` in this process already (no compile)."""
+    key = (hashlib.sha256(source.encode()).hexdigest(), f"{major}{minor}")
+    with _lock:
+        return key in _cache
+
+
+def version() -> str:
+    """NVRTC's version ("12.4"), part of the disk cache's key."""
+    if not _version:
+        from cuda.bindings import nvrtc
+        got = nvrtc.nvrtcVersion()
+        _version.append(f"{got[1]}.{got[2]}" if got[0] == nvrtc.nvrtcResult.NVRTC_SUCCESS else "?")
+    return _version[0]
 
 
 def compile_source(source: str, name: str, major: int, minor: int) -> tuple[bytes, str]:
@@ -23,11 +47,20 @@ def compile_source(source: str, name: str, major: int, minor: int) -> tuple[byte
     key = (hashlib.sha256(source.encode()).hexdigest(), arch)
     with _lock:
         hit = _cache.get(key)
-        if hit is not None:
-            return hit
+    if hit is not None:
+        return hit
+    disk = compile_cache.key("nvrtc", version(), arch, b" ".join(OPTIONS), source)
+    stored = compile_cache.get(disk)
+    image: tuple[bytes, str] | None = None
+    if stored is not None:
+        kind, _, code = stored.partition(b"\0")
+        if kind in (b"cubin", b"ptx") and code:
+            image = (code, kind.decode())
+    if image is None:
         image = _compile(source, name, arch)
-        _cache[key] = image
-        return image
+        compile_cache.put(disk, image[1].encode() + b"\0" + image[0])
+    with _lock:
+        return _cache.setdefault(key, image)
 
 
 def _compile(source: str, name: str, arch: str) -> tuple[bytes, str]:

@@ -26,7 +26,7 @@ from ..errors import BackendUnavailable, GPUError
 from ..futures import PENDING, completed_future
 from ..runtime import FIXES, CopyOp, Runtime
 from . import driver as D
-from . import hostmem, interop, probe
+from . import foreign, hostmem, interop, probe
 from .device import CudaDevice
 from .driver import cu
 from .waiter import DEFAULT_SPIN_S, CudaHub
@@ -167,6 +167,16 @@ class CudaRuntime(Runtime):
                    [*cleanup, lambda: events.release(event)] if event is not None else cleanup)
         hub.watch(fut)
         return fut
+
+    # -- hooks: other libraries' streams and events ---------------------------------------------
+    def _foreign_check(self, obj: Any) -> None:
+        foreign.classify(obj)
+
+    def _foreign_future(self, obj: Any, device: Any) -> Any:
+        return foreign.future(self, obj, device)
+
+    def _wait_on(self, fut: Any, obj: Any, device: Any) -> None:
+        foreign.wait_on(self, fut, obj, device)
 
     # -- hooks: copies ---------------------------------------------------------------------------
     def _foreign(self, side: Any, name: str) -> tuple | None:

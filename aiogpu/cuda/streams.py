@@ -116,6 +116,10 @@ class Lane:
         """The last ticket known complete from the word (0 without a word)."""
         return self.word.value if self.word is not None else 0
 
+    def arm(self, fn: int, data: int) -> int:
+        """Queue the host function ``fn(data)`` after the lane's current work (a wake-up)."""
+        return D.launch_host_func(self.stream, fn, data)
+
     def destroy(self) -> None:
         if self.stream is not None:
             cu.cuStreamDestroy(self.stream)
@@ -123,3 +127,58 @@ class Lane:
 
     def __repr__(self) -> str:
         return f"<Lane {self.name} ticket={self.ticket} pending={len(self.pending)}>"
+
+
+class ForeignLane:
+    """Another library's CUDA stream (torch, CuPy, a raw handle) as a lane of ``device``.
+
+    A future for it (``aiogpu.stream_future``) is a pooled event recorded on that stream: the
+    only thing aiogpu adds to it. Such futures complete in stream order, as a lane's do, so the
+    spin and the waiter settle them like any lane's (by event queries; a foreign stream gets no
+    completion word). A parked awaiter is woken through a stream of aiogpu's own (``arm_stream``,
+    created at the first park) that waits for the newest event and then runs the wake-up host
+    function: nothing is queued on the library's stream that would delay its later work.
+    A lane is kept per stream handle for the runtime's life; a stream destroyed while futures of
+    it are pending is not supported (its handle may be reused by a new stream)."""
+
+    __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
+                 "spin", "rate", "arm_stream")
+
+    def __init__(self, device: Any, handle: int):
+        self.device, self.kind = device, "foreign"
+        self.name = f"{device.name}.stream{handle:#x}"
+        self.stream = cu.CUstream(handle)
+        self.ticket = 0
+        self.armed = 0
+        self.pending: deque = deque()
+        self.spin = device.runtime.hub.spin_s
+        self.rate: float | None = None
+        self.word = self.dptr = None
+        self.arm_stream: Any = None
+
+    @property
+    def handle(self) -> int:
+        return int(self.stream)
+
+    def done_upto(self) -> int:
+        return 0
+
+    def arm(self, fn: int, data: int) -> int:
+        newest = self.pending[-1] if self.pending else None
+        if newest is None or newest.retired or newest.event is None:
+            return 0
+        if self.arm_stream is None:
+            self.device.make_current()
+            err, stream = cu.cuStreamCreate(D.STREAM_NON_BLOCKING)
+            if err != 0:
+                return int(err)
+            self.arm_stream = stream
+        return D.HOT.wait(self.arm_stream, newest.event) or D.launch_host_func(self.arm_stream, fn, data)
+
+    def destroy(self) -> None:
+        if self.arm_stream is not None:
+            cu.cuStreamDestroy(self.arm_stream)
+            self.arm_stream = None
+
+    def __repr__(self) -> str:
+        return f"<ForeignLane {self.name} ticket={self.ticket} pending={len(self.pending)}>"

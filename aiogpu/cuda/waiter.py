@@ -141,7 +141,7 @@ class CudaHub(FutureHub):
         with self.lock:
             if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
                 return
-            err = D.launch_host_func(lane.stream, D.SEM_POST, self.sem.address)
+            err = lane.arm(D.SEM_POST, self.sem.address)
             self.arms += 1
             if err == 0:
                 lane.armed = lane.ticket
@@ -162,6 +162,8 @@ class CudaHub(FutureHub):
     # -- the spin ----------------------------------------------------------------------------------
     def spin_await(self, fut: CudaFuture):
         """A long copy first lets the loop sleep until near its predicted end; then the spin."""
+        if not isinstance(fut, CudaFuture):    # a host-settled future (a compile, deferred work)
+            return
         ahead = fut._predicted_wait()
         if ahead > PRESLEEP_MIN_S:
             yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()

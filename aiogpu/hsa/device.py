@@ -10,7 +10,7 @@ from ..hsa_bindings import packets as P
 from ..hsa_bindings import types as T
 from ..kernels import Kernel
 from ..queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
-from .kernels import LoadedKernel, load_kernel, pack_args
+from .kernels import LoadedKernel, code_object, load_kernel, needs_compile, pack_args
 
 if TYPE_CHECKING:
     from .runtime import HsaRuntime
@@ -58,6 +58,16 @@ class HsaDevice(Device):
     # -- hooks: kernels ------------------------------------------------------------------------
     def _load(self, kernel: Kernel) -> LoadedKernel:
         return load_kernel(self._api, self.agent, kernel, self.isa)
+
+    def _needs_compile(self, kernel: Kernel) -> bool:
+        """OpenCL C source not yet compiled by comgr for this agent's ISA (the emulator runs
+        reference bodies: nothing to compile)."""
+        return needs_compile(kernel, self._api.backend, self.isa)
+
+    def _compile(self, kernel: Kernel) -> None:
+        """comgr (or the disk cache) on a compile worker thread; ``_load`` then finds the code
+        object on the kernel."""
+        code_object(kernel, self._api.backend, self.isa)
 
     def _submit_kernel(self, loaded: LoadedKernel, label: str, grid: tuple, block: tuple, values: list,
                        lengths: list, deps: dict, reads: list, writes: list, *,

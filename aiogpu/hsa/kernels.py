@@ -52,6 +52,12 @@ def code_object(kernel: Kernel, backend: str, isa: str) -> bytes:
                      f"(opencl=) for {isa}")
 
 
+def needs_compile(kernel: Kernel, backend: str, isa: str) -> bool:
+    """Whether ``code_object`` would compile (OpenCL C through comgr, not compiled yet)."""
+    return (backend != "emulator" and kernel.hsaco is None and kernel.opencl is not None
+            and ("opencl", isa) not in kernel.artifacts)
+
+
 def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
     """Load ``kernel``'s code object for ``agent`` through the executable calls."""
     code = code_object(kernel, api.backend, isa)

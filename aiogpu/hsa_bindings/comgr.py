@@ -4,6 +4,11 @@
 the source to LLVM bitcode with the device libraries linked in, generate a relocatable object for
 the agent's ISA, link it into an executable code object (the bytes ``hsa_code_object_reader_*``
 loads). Where libamd_comgr is absent, ``available()`` says why and nothing else changes.
+
+Code objects are kept in the on-disk cache (``aiogpu.compile_cache``), keyed by the source, the
+ISA, the options and comgr's version, so a second process loads them without compiling. comgr
+is called through ctypes, which releases the GIL: a compile on a worker thread (``Device.load``,
+or a first launch) leaves the event loop running.
 """
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ import ctypes
 import glob
 from ctypes import POINTER, c_bool, c_char_p, c_int32, c_size_t, c_uint64
 from functools import lru_cache
+
+from .. import compile_cache
 
 LIBRARY = "libamd_comgr.so.2"
 
@@ -67,6 +74,18 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     return lib, f"{LIBRARY} loaded"
 
 
+def version() -> str:
+    """comgr's version ("2.4"), part of the disk cache's key ("?" where it cannot tell)."""
+    lib, _ = _library()
+    if lib is None or not hasattr(lib, "amd_comgr_get_version"):
+        return "?"
+    major, minor = c_size_t(0), c_size_t(0)
+    fn = lib.amd_comgr_get_version
+    fn.restype, fn.argtypes = None, [POINTER(c_size_t), POINTER(c_size_t)]
+    fn(ctypes.byref(major), ctypes.byref(minor))
+    return f"{major.value}.{minor.value}"
+
+
 def available() -> tuple[bool, str]:
     lib, why = _library()
     return lib is not None, why
@@ -101,12 +120,18 @@ def isa_name(agent_name: str) -> str:
 
 
 def compile_opencl(source: str, isa: str, *, options: tuple[str, ...] | None = None) -> bytes:
-    """An executable AMD code object for ``isa`` (``gfx90a`` or a full comgr ISA name)."""
+    """An executable AMD code object for ``isa`` (``gfx90a`` or a full comgr ISA name), from
+    the disk cache when it holds one. ComgrError (with the compiler's log) when it fails."""
     lib, why = _library()
     if lib is None:
         raise ComgrError(f"cannot compile OpenCL C: {why}")
     if options is None:
         options = default_options()
+    name = compile_cache.key("comgr", version(), isa_name(isa), "\0".join(options), source)
+    return compile_cache.cached(name, lambda: _compile(lib, source, isa, options))
+
+
+def _compile(lib: ctypes.CDLL, source: str, isa: str, options: tuple[str, ...]) -> bytes:
     owned: list[tuple[str, object]] = []
 
     def new(kind: str, cls: type, create: str) -> object:

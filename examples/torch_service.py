@@ -1,0 +1,258 @@
+"""An aiohttp service that runs a small PyTorch model between aiogpu pre- and post-processing
+kernels, awaiting all of it on the event loop (no executor, no torch.cuda.synchronize).
+
+    python examples/torch_service.py                    # 64 clients for 5 s, on the first GPU
+    python examples/torch_service.py --clients 64 --duration 10
+
+Per request (``IN`` float32 values in, ``OUT`` out):
+1. aiogpu: upload the body, ``normalize`` kernel (pre-processing) into a Buffer;
+2. torch: ``pre.wait_on(stream)`` makes the request's torch stream wait for that kernel on the
+   device; the model (two linear layers, on one of a few torch streams) reads the Buffer
+   zero-copy (DLPack) and writes its output into another Buffer;
+3. ``aiogpu.stream_future(stream)``: a future for the torch work, passed in ``after=`` of the
+   ``clamp`` post-processing kernel (a wait on the device), then ``await out.to_numpy()``.
+
+The server runs on uvloop in a child process with a heartbeat that records the event-loop lag;
+this process is the load: ``--clients`` concurrent clients, every answer checked against the
+model on the CPU. It prints req/s, p50/p99 latency and the loop lag p99. Without torch, CUDA or
+aiogpu's CUDA backend it says what is missing and exits with status 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+IN, HIDDEN, OUT = 256, 512, 64
+
+NORMALIZE_CU = r"""
+extern "C" __global__ void normalize(float* y, const float* x, float shift, float scale, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = (x[i] - shift) * scale;
+}
+"""
+CLAMP_CU = r"""
+extern "C" __global__ void clamp(float* y, const float* x, float lo, float hi, unsigned int n) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = fminf(fmaxf(x[i], lo), hi);
+}
+"""
+SHIFT, SCALE, LO, HI = 0.5, 2.0, -1.0, 1.0
+
+
+def missing() -> str | None:
+    """Why this example cannot run here, or None."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "PyTorch sees no CUDA GPU"
+    from aiogpu.runtime import cuda_available
+    ok, why = cuda_available()
+    if not ok:
+        return f"aiogpu's CUDA backend is unavailable ({why})"
+    try:
+        import aiohttp  # noqa: F401
+        import uvloop  # noqa: F401
+    except ImportError as exc:
+        return f"{exc.name} is not installed"
+    return None
+
+
+def model_on(device: str):
+    import torch
+    torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT))
+    return model.to(device).eval()
+
+
+def reference(model, x: np.ndarray) -> np.ndarray:
+    """The whole pipeline on the CPU (the load checks every answer against it)."""
+    import torch
+    with torch.no_grad():
+        h = torch.from_numpy((x - SHIFT) * SCALE)
+        return np.clip(model(h[None])[0].numpy(), LO, HI)
+
+
+# -- the service -------------------------------------------------------------------------------------
+async def serve(streams: int) -> None:
+    import torch
+    from aiohttp import web
+
+    import aiogpu
+
+    rt = aiogpu.Runtime("cuda")
+    dev = rt.devices[0]
+    torch.cuda.set_device(dev.index)
+    model = model_on(f"cuda:{dev.index}")
+
+    @aiogpu.kernel("f32*, const f32*, f32, f32, u32", cuda=NORMALIZE_CU)
+    def normalize(launch, y, x, shift, scale, n):
+        y[:n] = (x[:n] - shift) * scale
+
+    @aiogpu.kernel("f32*, const f32*, f32, f32, u32", cuda=CLAMP_CU)
+    def clamp(launch, y, x, lo, hi, n):
+        y[:n] = np.clip(x[:n], lo, hi)
+
+    await aiogpu.gather(dev.load(normalize), dev.load(clamp))      # compiled before serving
+    pool = [torch.cuda.Stream(device=dev.index) for _ in range(streams)]
+    turn = [0]
+
+    async def infer(body: bytes) -> bytes:
+        x_host = np.frombuffer(body, np.float32)
+        if x_host.size != IN:
+            raise web.HTTPBadRequest(text=f"expected {IN} float32 values")
+        raw, pre_out, mid, out = dev.alloc(IN * 4), dev.alloc(IN * 4), dev.alloc(OUT * 4), dev.alloc(OUT * 4)
+        aiogpu.copy(raw, x_host)
+        pre = dev.launch(normalize, (IN,), (IN,), (pre_out, raw, SHIFT, SCALE, IN))
+        stream = pool[turn[0] % len(pool)]
+        turn[0] += 1
+        pre.wait_on(stream)                              # torch waits for the kernel, on the GPU
+        with torch.cuda.stream(stream), torch.no_grad():
+            t_in = torch.from_dlpack(pre_out).view(torch.float32)
+            t_out = torch.from_dlpack(mid).view(torch.float32)
+            t_out.copy_(model(t_in[None])[0])
+        torch_done = aiogpu.stream_future(stream, runtime=rt)
+        dev.launch(clamp, (OUT,), (OUT,), (out, mid, LO, HI, OUT), after=[torch_done])
+        result = await out.to_numpy(np.float32)
+        del t_in, t_out                                  # torch lets go of the buffers
+        for b in (raw, pre_out, mid, out):
+            b.free()                                     # (freed once the GPU is done with them)
+        return result.tobytes()
+
+    lags: list[float] = []
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            t = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(time.perf_counter() - t - 0.001)
+
+    async def work(request: web.Request) -> web.Response:
+        return web.Response(body=await infer(await request.read()))
+
+    async def stats(request: web.Request) -> web.Response:
+        got = np.array(lags or [0.0]) * 1e3
+        return web.json_response({"lag_p99_ms": float(np.percentile(got, 99)), "lag_max_ms": float(got.max())})
+
+    async def reset(request: web.Request) -> web.Response:
+        lags.clear()
+        return web.json_response({})
+
+    app = web.Application()
+    app.add_routes([web.post("/infer", work), web.get("/stats", stats), web.post("/reset", reset)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    beat = asyncio.ensure_future(heartbeat())
+    print(f"READY {port}", flush=True)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await beat
+    await runner.cleanup()
+    rt.close()
+
+
+# -- the load ------------------------------------------------------------------------------------------
+async def load(port: str, clients: int, duration: float, warmup: float) -> dict:
+    import aiohttp
+    model = model_on("cpu")
+    rng = np.random.default_rng(1)
+    inputs = [rng.random(IN, dtype=np.float32) for _ in range(16)]
+    expect = [reference(model, x) for x in inputs]
+    url = f"http://127.0.0.1:{port}"
+    latencies: list[float] = []
+    counts = {"wrong": 0, "errors": 0}
+    measuring = [False]
+    deadline = time.perf_counter() + warmup + duration
+
+    async def client(i: int, session: aiohttp.ClientSession) -> None:
+        k = i
+        while time.perf_counter() < deadline:
+            k = (k + 1) % len(inputs)
+            t = time.perf_counter()
+            try:
+                async with session.post(url + "/infer", data=inputs[k].tobytes()) as resp:
+                    body, ok = await resp.read(), resp.status == 200
+            except aiohttp.ClientError:
+                counts["errors"] += 1
+                continue
+            if not measuring[0]:
+                continue
+            latencies.append(time.perf_counter() - t)
+            if not ok:
+                counts["errors"] += 1
+            elif not np.allclose(np.frombuffer(body, np.float32), expect[k], rtol=1e-3, atol=1e-4):
+                counts["wrong"] += 1
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session, \
+            aiohttp.ClientSession() as control:
+        tasks = [asyncio.ensure_future(client(i, session)) for i in range(clients)]
+        await asyncio.sleep(warmup)
+        async with control.post(url + "/reset") as resp:
+            await resp.read()
+        measuring[0] = True
+        t0 = time.perf_counter()
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+        async with control.get(url + "/stats") as resp:
+            server = await resp.json()
+    lat = np.array(latencies or [float("nan")]) * 1e3
+    return {"req_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "lag_p99_ms": server["lag_p99_ms"],
+            "lag_max_ms": server["lag_max_ms"], "requests": len(latencies), "clients": clients, **counts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--streams", type=int, default=8, help="torch streams the requests take turns on")
+    p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    why = missing()
+    if why is not None:
+        print(f"torch_service: skipped: {why} (this example needs PyTorch with CUDA and aiogpu's CUDA backend)")
+        return 0
+    import uvloop
+    if args.serve:
+        uvloop.run(serve(args.streams))
+        return 0
+    server = subprocess.Popen([sys.executable, __file__, "--serve", "--streams", str(args.streams)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        line = server.stdout.readline()
+        if not line.startswith("READY"):
+            print(f"torch_service: the server did not start (said {line!r})", file=sys.stderr)
+            return 1
+        got = uvloop.run(load(line.split()[1], args.clients, args.duration, args.warmup))
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    print(f"torch_service: {got['req_per_s']:.0f} req/s at {got['clients']} clients, p50 {got['p50_ms']:.2f} ms, "
+          f"p99 {got['p99_ms']:.2f} ms, loop lag p99 {got['lag_p99_ms']:.2f} ms (max {got['lag_max_ms']:.2f}), "
+          f"{got['wrong']} wrong, {got['errors']} errors")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(got, f, indent=1)
+    return 1 if got["wrong"] or got["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
