@@ -208,6 +208,7 @@ async def test_wait_on_makes_a_torch_stream_wait_for_aiogpu_work(cuda_rt):
             dev = rt.devices[0]
             y = dev.alloc(n * 4)
             await y.fill(0)
+            await dev.load(slow_fill)       # wait_on needs submitted work, not a compiling kernel
             fut = dev.launch(slow_fill, (n,), (256,), (y, 7.0, n, 50_000_000))   # 50 ms, then writes
             s = torch.cuda.Stream()
             fut.wait_on(s)

@@ -134,7 +134,11 @@ class CudaHub(FutureHub):
         return fut
 
     def arm(self, fut: CudaFuture) -> None:
-        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work."""
+        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work
+        (for deferred work: the work it was submitted as; nothing while it waits for that)."""
+        fut = _submitted(fut)
+        if fut is None:
+            return
         lane = fut.lane
         if lane is None or lane.armed >= fut.ticket:
             return
@@ -170,7 +174,9 @@ class CudaHub(FutureHub):
         yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0)
 
     def parked_done(self, fut: CudaFuture) -> None:
-        fut._learn()
+        fut = _submitted(fut)
+        if fut is not None:
+            fut._learn()
 
     def poll(self) -> None:
         if not self._stop:
@@ -380,3 +386,12 @@ class CudaHub(FutureHub):
     def close(self) -> None:
         self.stop()
         self.sem.destroy()
+
+
+def _submitted(fut: Any) -> "CudaFuture | None":
+    """The CUDA work behind ``fut``: itself, the submitted work of a Deferred, or None (a
+    host-settled future: a compile, deferred work not submitted yet)."""
+    if isinstance(fut, CudaFuture):
+        return fut
+    real = getattr(fut, "real", None)
+    return real if isinstance(real, CudaFuture) else None
