@@ -66,8 +66,18 @@ class AsyncioPort:
             unregister(fut)
 
 
+# Tasks (and done-callbacks) woken per loop iteration. A woken task runs in the next iteration
+# and may do a request's whole host-side work there: waking hundreds at once would make one long
+# iteration in which no timer fires and no socket is read (the loop's lag is the iteration's
+# length). The rest of a larger batch is woken in the following iterations, in order.
+WAKE_SLICE = 8
+
+
 def _wake_asyncio(batch: Batch) -> None:
     loop = asyncio.get_running_loop()
+    if len(batch) > WAKE_SLICE:
+        loop.call_soon(_wake_asyncio, batch[WAKE_SLICE:])
+        batch = batch[:WAKE_SLICE]
     for i, item in enumerate(batch):
         if type(item) is Callback:
             try:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -170,13 +171,30 @@ async def serve(args: argparse.Namespace) -> None:
     async def work(request: web.Request) -> web.Response:
         return web.Response(body=await compute(await request.read()))
 
+    gc_pauses: list[float] = []      # the cyclic garbage collector's pauses (they are loop lag too)
+    gc_started = [0.0]
+
+    def gc_watch(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_pauses.append(time.perf_counter() - gc_started[0])
+
+    gc.callbacks.append(gc_watch)
+    if args.gc == "freeze":          # what a service does after start-up: the objects of its
+        gc.collect()                 # imports (torch has a million) are never scanned again
+        gc.freeze()
+
     async def stats(request: web.Request) -> web.Response:
         got = np.array(lags or [0.0]) * 1e3
+        pauses = np.array(gc_pauses or [0.0]) * 1e3
         return web.json_response({"lag_p99_ms": float(np.percentile(got, 99)), "lag_max_ms": float(got.max()),
-                                  "lag_samples": len(lags)})
+                                  "lag_samples": len(lags), "gc_pauses": len(gc_pauses),
+                                  "gc_pause_max_ms": float(pauses.max()), "gc_pause_total_ms": float(pauses.sum())})
 
     async def reset(request: web.Request) -> web.Response:
         lags.clear()
+        gc_pauses.clear()
         return web.json_response({})
 
     app = web.Application(client_max_size=64 << 20)
@@ -249,7 +267,8 @@ async def load(args: argparse.Namespace) -> dict:
     return {"req_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
             "p99_ms": float(np.percentile(lat, 99)), "lag_p99_ms": server["lag_p99_ms"],
             "lag_max_ms": server["lag_max_ms"], "wrong": counts["wrong"], "errors": counts["errors"],
-            "requests": len(latencies), "clients": args.clients, "n": args.n}
+            "gc_pauses": server["gc_pauses"], "gc_pause_max_ms": server["gc_pause_max_ms"],
+            "gc_pause_total_ms": server["gc_pause_total_ms"], "requests": len(latencies), "clients": args.clients, "n": args.n}
 
 
 # -- the orchestrator ------------------------------------------------------------------------------
@@ -261,6 +280,10 @@ def run_one(mode: str, work: str, args: argparse.Namespace) -> dict:
         common += ["--profile", os.path.join(args.profile, f"profile_{mode}_{work}.txt")]
     if args.switch_interval:
         common += ["--switch-interval", str(args.switch_interval)]
+    if args.wake_slice:
+        common += ["--wake-slice", str(args.wake_slice)]
+    if args.gc:
+        common += ["--gc", args.gc]
     server = subprocess.Popen([sys.executable, me, "--serve", mode, work, "--loop", args.loop, *common],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -319,6 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval in the server (seconds; an experiment knob)")
+    p.add_argument("--gc", choices=("default", "freeze"), default=None,
+                   help="freeze: gc.freeze() after start-up in the server (as services do)")
+    p.add_argument("--wake-slice", type=int, default=None,
+                   help="aiogpu._loops.WAKE_SLICE in the server (an experiment knob)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile each aiogpu server with pyinstrument; text reports go to DIR")
     p.add_argument("--serve", nargs=2, metavar=("MODE", "WORK"), help=argparse.SUPPRESS)
@@ -328,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
         args.mode, args.work = args.serve
         if args.switch_interval:
             sys.setswitchinterval(args.switch_interval)
+        if args.wake_slice:
+            from aiogpu import _loops
+            _loops.WAKE_SLICE = args.wake_slice
         runner = asyncio.run
         if args.loop == "uvloop":
             import uvloop
@@ -358,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             got = results[f"{mode}/{work}"] = median_of(runs)
             print(f"{mode + '/' + work:24s} {got['req_per_s']:9.0f} req/s  p50 {got['p50_ms']:7.2f} ms  "
                   f"p99 {got['p99_ms']:7.2f} ms  loop lag p99 {got['lag_p99_ms']:6.2f} ms  "
+                  f"gc {got['gc_pauses']:.0f} pauses, max {got['gc_pause_max_ms']:.1f} ms  "
                   f"wrong {got['wrong']}  errors {got['errors']}", flush=True)
     if args.json:
         meta = {"clients": args.clients, "duration_s": args.duration, "n": args.n, "loop": args.loop,

@@ -57,6 +57,39 @@ async def test_a_raising_callback_stops_no_other_wakeup_on_asyncio():
     assert len(reported) == 1 and isinstance(reported[0]["exception"], ZeroDivisionError)
 
 
+@pytest.mark.asyncio
+async def test_a_large_batch_is_woken_in_slices_with_the_loop_running_between(monkeypatch):
+    """64 tasks parked on one future are woken in slices of WAKE_SLICE per loop iteration: a
+    callback that re-schedules itself every iteration (as timers and I/O get their turn) runs
+    between the slices, so one completion never makes one long iteration of every task."""
+    from aiogpu import _loops
+    monkeypatch.setattr(_loops, "WAKE_SLICE", 8)
+    hub, loop = ManualHub(), asyncio.get_running_loop()
+    fut = hub.new(1)
+    ticks, seen = [0], []
+
+    def tick() -> None:
+        ticks[0] += 1
+        if not done.is_set():
+            loop.call_soon(tick)
+
+    async def task() -> None:
+        await fut
+        seen.append(ticks[0])
+
+    done = asyncio.Event()
+    tasks = [asyncio.ensure_future(task()) for _ in range(64)]
+    await asyncio.sleep(0)
+    loop.call_soon(tick)
+    hub.complete(fut)
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    done.set()
+    per_iteration = max(seen.count(t) for t in set(seen))
+    assert len(seen) == 64 and per_iteration <= 8
+    assert len(set(seen)) >= 8
+    assert seen == sorted(seen)                      # in order: no task woken twice or skipped
+
+
 def test_a_raising_callback_stops_no_other_wakeup_on_trio(caplog):
     hub = ManualHub()
     first, second = hub.new(1), hub.new(2)
