@@ -2,7 +2,7 @@
 - memcpy into pinned memory: GB/s with 1..16 threads (numpy.copyto releases the GIL);
 - the driver's own pageable cuMemcpyHtoD, with 1..8 threads each copying a slice;
 - chunked pipelines: k threads, each copying chunks into pinned staging and queueing the DMA;
-- cuMemHostRegister / Unregister of a fresh 64 MiB array.
+- cuMemHostRegister / Unregister of fresh arrays, with 1..8 threads, and as a pipeline.
 
     python bench/probe_stage.py [--json FILE]
 """
@@ -105,9 +105,58 @@ def main() -> None:
         check(cu.cuMemHostRegister(p, n, 0))
         check(cu.cuMemHostUnregister(p))
     res["register_unregister_ms_per_64MiB"] = round((time.perf_counter() - t) / 4 * 1e3 * (64 * MB / n), 2)
+    registration(a, ctx, n, dptr, streams, res)
     print(json.dumps(res, indent=1))
     if a.json:
         json.dump(res, open(a.json, "w"), indent=1)
+
+
+def registration(a, ctx, n: int, dptr: int, streams: list, res: dict) -> None:
+    """Registering fresh arrays instead of staging them: register / unregister alone with k
+    threads, and a pipeline (register in workers, DMA, unregister after the DMA in workers)."""
+    stream = streams[0]
+    for threads in (1, 2, 4, 8):
+        arrays = [np.full(n // 4, i, np.float32) for i in range(a.count)]
+
+        def reg(arr):
+            cu.cuCtxSetCurrent(ctx)
+            check(cu.cuMemHostRegister(arr.ctypes.data, n, 0))
+
+        def unreg(arr):
+            cu.cuCtxSetCurrent(ctx)
+            check(cu.cuMemHostUnregister(arr.ctypes.data))
+        with cf.ThreadPoolExecutor(threads) as pool:
+            t = time.perf_counter()
+            list(pool.map(reg, arrays))
+            res[f"register_GBs_{threads}t"] = round(a.count * n / (time.perf_counter() - t) / 1e9, 2)
+            t = time.perf_counter()
+            list(pool.map(unreg, arrays))
+            res[f"unregister_GBs_{threads}t"] = round(a.count * n / (time.perf_counter() - t) / 1e9, 2)
+        print(res, flush=True)
+    for threads in (2, 4, 8):
+        arrays = [np.full(n // 4, i, np.float32) for i in range(a.count)]
+        with cf.ThreadPoolExecutor(threads) as pool, cf.ThreadPoolExecutor(2) as upool:
+            def reg(arr):
+                cu.cuCtxSetCurrent(ctx)
+                check(cu.cuMemHostRegister(arr.ctypes.data, n, 0))
+                return arr
+
+            def unreg_after(arr, ev):
+                cu.cuCtxSetCurrent(ctx)
+                check(cu.cuEventSynchronize(ev))
+                check(cu.cuMemHostUnregister(arr.ctypes.data))
+                cu.cuEventDestroy(ev)
+            t = time.perf_counter()
+            done = []
+            for arr in pool.map(reg, arrays):        # registered ahead by the workers, in order
+                check(cu.cuMemcpyHtoDAsync(dptr, arr.ctypes.data, n, stream))
+                ev = check(cu.cuEventCreate(2))
+                check(cu.cuEventRecord(ev, stream))
+                done.append(upool.submit(unreg_after, arr, ev))
+            for d in done:
+                d.result()
+            res[f"register_pipeline_GBs_{threads}t"] = round(a.count * n / (time.perf_counter() - t) / 1e9, 2)
+        print(res, flush=True)
 
 
 if __name__ == "__main__":
