@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import _loops
 from ._interrupts import InterruptSafeLock
@@ -31,7 +31,15 @@ submission_scope: contextvars.ContextVar[Any] = contextvars.ContextVar("aiogpu_s
 PENDING, DONE, FAILED = 0, 1, 2
 
 
-class GPUFuture:
+if TYPE_CHECKING:
+    # For type checkers, a GPUFuture is an asyncio future (asyncio.wait's stubs ask for one);
+    # at run time it only speaks the protocol (it belongs to no loop).
+    _FutureProtocol = _asyncio.Future[Any]
+else:
+    _FutureProtocol = object
+
+
+class GPUFuture(_FutureProtocol):
     """The completion of work submitted to a GPU.
 
     Awaitable under asyncio, uvloop and trio (through anyio); ``wait(timeout)`` blocks a plain
@@ -53,6 +61,9 @@ class GPUFuture:
 
     # asyncio's duck-typing marker (asyncio.isfuture): a future, never yielded to a task itself.
     _asyncio_future_blocking = False
+    if TYPE_CHECKING:    # our own fields, not asyncio.Future's of the same names
+        _state: int  # type: ignore[assignment]
+        _callbacks: list[tuple[Any, Callable]]  # type: ignore[assignment]
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",

@@ -25,6 +25,23 @@ async def main() -> None:
     exe: aiogpu.GraphExec = g.instantiate()
     await exe.launch()
     await aiogpu.gather(f1, f2)
+    # views and slices
+    v: aiogpu.Buffer = y.view(np.float32, (n // 4, 4))
+    rows = v[2:10]
+    head = y[0:64]
+    count: int = len(rows) + len(head)
+    await aiogpu.copy(rows, np.zeros((8, 4), np.float32))
+    await d0.launch(saxpy, grid=(32,), block=(32,), args=(v[0:8], x.view(np.float32)[0:32], 1.0, 32))
+    part = await rows.to_numpy()
+    print(part.shape, count, v.shape, v.dtype, v.base is y)
+    await head.fill(0)
+    # asyncio's future protocol
+    done, pending = await asyncio.wait([f1, f2], return_when=asyncio.FIRST_COMPLETED)
+    for nxt in asyncio.as_completed([f1, f2]):
+        await nxt
+    assert asyncio.isfuture(f1) and not f1.cancelled()
+    await asyncio.wait_for(f2.asyncio(), 5.0)
+    print(len(done) + len(pending))
     rt: aiogpu.Runtime = aiogpu.runtime()
     rt.close()
 

@@ -203,7 +203,7 @@ def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_de
 def _consumer_waits(buf: Buffer, consumer: int) -> None:
     """Make the consumer's stream wait, on the device, for the pending work on ``buf``'s bytes."""
     writers, readers = ordering.touching(buf)
-    pending = [f for f in [*writers, *readers] if not f.done() and getattr(f, "lane", None) is not None]
+    pending: list[Any] = [f for f in [*writers, *readers] if not f.done() and getattr(f, "lane", None) is not None]
     if not pending:
         return
     buf.device.make_current()
