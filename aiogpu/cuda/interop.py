@@ -61,7 +61,10 @@ def copy_streams(op: Any) -> list:
 
 def foreign_info(rt: Any, obj: Any, what: str, write: bool) -> tuple[int, int, Any, int | None]:
     """(pointer, nbytes, device, stream to wait on) of a CUDA array; ValueError if unusable."""
-    cai = obj.__cuda_array_interface__
+    try:
+        cai = obj.__cuda_array_interface__
+    except (AttributeError, TypeError, ValueError) as exc:     # e.g. a torch tensor on the CPU
+        raise TypeError(f"{what}: the {type(obj).__name__} is not a CUDA array ({exc})") from None
     shape = tuple(cai["shape"])
     itemsize = np.dtype(cai["typestr"]).itemsize
     nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize if shape else itemsize
