@@ -145,6 +145,22 @@ def check_pointer(device: "Device", kernel: Kernel, i: int, spec: Any, value: An
     return value
 
 
+def _foreign_parts(kernel: Kernel, buffers: dict, capturing: bool) -> tuple[list, list]:
+    """Replace the Foreign arguments in ``buffers`` by their ordering states; (the objects to
+    keep alive, the foreign streams to wait on). A graph takes no foreign arrays (TypeError)."""
+    keep, waits = [], []
+    for i, arg in buffers.items():
+        if type(arg) is Foreign:
+            if capturing:
+                raise TypeError(f"{kernel.name} argument {i}: a graph captures Buffers only, "
+                                f"not {type(arg.obj).__name__}")
+            buffers[i] = arg.state
+            keep.append(arg.obj)
+            if arg.stream is not None:
+                waits.append(arg.stream)
+    return keep, waits
+
+
 class Device:
     """One GPU: ``alloc`` buffers, ``launch`` kernels. Copies go through ``aiogpu.copy``.
 
@@ -260,18 +276,7 @@ class Device:
         values, lengths, buffers = check_args(self, kernel, args)
         after = rt.check_after(after) if after else []
         capture = rt.capturing()
-        keep: list = []
-        waits: list = []
-        if buffers:
-            for i, arg in buffers.items():
-                if type(arg) is Foreign:
-                    if capture is not None:
-                        raise TypeError(f"{kernel.name} argument {i}: a graph captures Buffers only, "
-                                        f"not {type(arg.obj).__name__}")
-                    buffers[i] = arg.state
-                    keep.append(arg.obj)
-                    if arg.stream is not None:
-                        waits.append(arg.stream)
+        keep, waits = _foreign_parts(kernel, buffers, capture is not None) if buffers else ([], [])
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
         if buffers:
