@@ -18,7 +18,8 @@ Hooks (each backend implements them; called under the runtime lock unless said o
   ``_load`` finds it (the compilers' caches); called on a compile worker thread WITHOUT the
   lock, so it must be thread-safe and touch no runtime state (default: nothing).
 - ``_submit_kernel(loaded, label, grid, block, values, lengths, deps, reads, writes, keep=(),
-  cleanup=()) -> GPUFuture``: one dispatch on a compute lane after ``deps`` (on the device).
+  cleanup=(), copy=None, waits=()) -> GPUFuture``: one dispatch on a compute lane after ``deps``
+  (on the device) and after the work queued so far on the foreign streams ``waits``.
 - ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
   built-in fill kernel through ``_submit_kernel``).
 - ``_check_grid(grid, block)``: backend limits beyond the core's (default: none).
@@ -102,9 +103,19 @@ def check_scalar(kernel: Kernel, i: int, spec: Any, value: Any) -> Any:
     return value
 
 
-def check_args(device: "Device", kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Buffer]]:
+class Foreign:
+    """Another library's device array as a pointer argument (CUDA: ``__cuda_array_interface__``):
+    its memory, ordered as a byte range by address, and the stream to wait on before the launch."""
+
+    __slots__ = ("obj", "address", "nbytes", "state", "stream")
+
+    def __init__(self, obj: Any, address: int, nbytes: int, state: Any, stream: Any):
+        self.obj, self.address, self.nbytes, self.state, self.stream = obj, address, nbytes, state, stream
+
+
+def check_args(device: "Device", kernel: Kernel, args: Sequence[Any]) -> tuple[list, list, dict[int, Any]]:
     """Validate ``args`` against ``kernel``'s signature for a launch on ``device``: (argument
-    values, buffer lengths, {index: Buffer})."""
+    values, buffer lengths, {index: Buffer or Foreign})."""
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
     if len(args) != len(kernel.args):
@@ -113,21 +124,48 @@ def check_args(device: "Device", kernel: Kernel, args: Sequence[Any]) -> tuple[l
     values, lengths, buffers = [], [], {}
     for i, (spec, value) in enumerate(zip(kernel.args, args)):
         if spec.pointer:
-            if not isinstance(value, Buffer):
-                raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a Buffer, got "
-                                f"{type(value).__name__}")
-            value.check_usable()
-            if value.device is not device:
-                where = ("a buffer of another runtime" if value.device.runtime is not device.runtime
-                         else f"on {value.device.name}")
-                raise ValueError(f"{kernel.name} argument {i}: {value!r} is {where}, not on "
-                                 f"{device.name}; copy it with aiogpu.copy first")
-            values.append(value.address)
-            lengths.append(value.nbytes)
-            buffers[i] = value
+            arg = check_pointer(device, kernel, i, spec, value)
+            values.append(arg.address)
+            lengths.append(arg.nbytes)
+            buffers[i] = arg
         else:
             values.append(check_scalar(kernel, i, spec, value))
     return values, lengths, buffers
+
+
+def check_pointer(device: "Device", kernel: Kernel, i: int, spec: Any, value: Any) -> Any:
+    """A pointer argument: a usable Buffer (or view) of ``device`` whose type fits ``spec``, or
+    another library's array on ``device`` where the backend accepts them (a Foreign)."""
+    what = f"{kernel.name} argument {i} ({spec})"
+    if not isinstance(value, Buffer):
+        return device.runtime.foreign_argument(device, value, what, write=i in kernel.writes)
+    value.check_usable()
+    if value.device is not device:
+        where = ("a buffer of another runtime" if value.device.runtime is not device.runtime
+                 else f"on {value.device.name}")
+        raise ValueError(f"{what}: {value!r} is {where}, not on {device.name}; copy it with aiogpu.copy first")
+    if value.typed_dtype is not None and value.typed_dtype != spec.dtype:
+        raise TypeError(f"{what}: {value!r} holds {value.typed_dtype}, not {spec.dtype}; pass a view "
+                        f"of the right dtype (buf.view(np.{spec.dtype}))")
+    if value.address % spec.dtype.itemsize:
+        raise ValueError(f"{what}: {value!r} is not aligned for {spec.dtype} (offset {value.offset})")
+    return value
+
+
+def _foreign_parts(kernel: Kernel, buffers: dict, capturing: bool) -> tuple[list, list]:
+    """Replace the Foreign arguments in ``buffers`` by their ordering states; (the objects to
+    keep alive, the foreign streams to wait on). A graph takes no foreign arrays (TypeError)."""
+    keep, waits = [], []
+    for i, arg in buffers.items():
+        if type(arg) is Foreign:
+            if capturing:
+                raise TypeError(f"{kernel.name} argument {i}: a graph captures Buffers only, "
+                                f"not {type(arg.obj).__name__}")
+            buffers[i] = arg.state
+            keep.append(arg.obj)
+            if arg.stream is not None:
+                waits.append(arg.stream)
+    return keep, waits
 
 
 class Device:
@@ -175,8 +213,10 @@ class Device:
 
     def _submit_kernel(self, loaded: Any, label: str, grid: tuple, block: tuple, values: list,
                        lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> GPUFuture:
-        """One dispatch after ``deps`` (``copy``: the CopyOp when it is a shader copy)."""
+                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
+                       waits: Sequence = ()) -> GPUFuture:
+        """One dispatch after ``deps`` (``copy``: the CopyOp when it is a shader copy; ``waits``:
+        other libraries' streams whose queued work it must follow, from ``foreign_argument``)."""
         raise NotImplementedError
 
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> GPUFuture:
@@ -307,6 +347,7 @@ class Device:
         values, lengths, buffers = check_args(self, kernel, args)
         after = rt.check_after(after) if after else []
         capture = rt.capturing()
+        keep, waits = _foreign_parts(kernel, buffers, capture is not None) if buffers else ([], [])
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
         if buffers:
@@ -327,7 +368,7 @@ class Device:
                         compile=compiling)
                 loaded = self.loaded(kernel)
             return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
-                loaded, kernel.name, grid, block, values, lengths, deps, reads, writes))
+                loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep=keep, waits=waits))
 
     def shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service

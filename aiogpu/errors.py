@@ -7,6 +7,8 @@
 - ``BackendUnavailable``: a backend asked for by name cannot run here; says why and the fix.
 - ``InvalidStateError``: ``result()``/``exception()`` of a future that is still pending.
 - ``NotOnCudaError``: CUDA interop asked of a buffer of another backend.
+- ``BlockingCallError``: a blocking call (``GPUFuture.wait``) on the thread of a running event
+  loop (asyncio, uvloop or trio), which it would stall.
 """
 from __future__ import annotations
 
@@ -76,3 +78,8 @@ class InvalidStateError(RuntimeError):
 class NotOnCudaError(TypeError, AttributeError):
     """CUDA interop asked of a buffer of another backend (an AttributeError too, so that
     ``hasattr(buf, "__cuda_array_interface__")`` answers False there)."""
+
+
+class BlockingCallError(RuntimeError):
+    """A blocking call made on the thread of a running event loop (asyncio, uvloop or trio),
+    which it would stall: ``GPUFuture.wait()`` there; ``await`` the future instead."""

@@ -9,6 +9,7 @@ thread that observes their completion objects (HSA signals in ``signals.py``, CU
 """
 from __future__ import annotations
 
+import asyncio as _asyncio
 import contextvars
 import functools
 import logging
@@ -16,12 +17,12 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import _loops
 from ._interrupts import InterruptSafeLock
 from . import trace as _trace
-from .errors import GPUError, InvalidStateError
+from .errors import BlockingCallError, GPUError, InvalidStateError
 
 log = logging.getLogger("aiogpu")
 
@@ -30,14 +31,39 @@ submission_scope: contextvars.ContextVar[Any] = contextvars.ContextVar("aiogpu_s
 PENDING, DONE, FAILED = 0, 1, 2
 
 
-class GPUFuture:
+if TYPE_CHECKING:
+    # For type checkers, a GPUFuture is an asyncio future (asyncio.wait's stubs ask for one);
+    # at run time it only speaks the protocol (it belongs to no loop).
+    _FutureProtocol = _asyncio.Future[Any]
+else:
+    _FutureProtocol = object
+
+
+class GPUFuture(_FutureProtocol):
     """The completion of work submitted to a GPU.
 
     Awaitable under asyncio, uvloop and trio (through anyio); ``wait(timeout)`` blocks a plain
     thread. Cancelling a task that awaits it detaches that awaiter only: the GPU work runs on and
     keeps its buffers alive until it has retired. A future may be passed in ``after=`` of later
     work, which then waits for it on the device.
+
+    It also speaks asyncio's future protocol, so ``asyncio.isfuture``, ``asyncio.wait``,
+    ``asyncio.as_completed``, ``asyncio.gather`` and ``asyncio.shield`` take it directly, on
+    asyncio and uvloop: ``get_loop()`` is the running loop (a GPUFuture belongs to no loop),
+    ``add_done_callback(fn, context=...)`` runs ``fn`` through the calling loop's queue (never
+    inside the call), ``remove_done_callback(fn)`` removes it. GPU work cannot be cancelled:
+    ``cancel()`` changes nothing and returns False (as ``concurrent.futures`` does for running
+    work), ``cancelled()`` is always False. So cancelling what waits for a GPUFuture through
+    asyncio's helpers (a task in ``asyncio.gather``, ``asyncio.wait_for`` on Python 3.11) takes
+    effect once the work has settled; for a timeout that detaches at once, use
+    ``asyncio.wait_for(fut.asyncio(), t)`` (on Python 3.12 and later ``wait_for(fut, t)`` does).
     """
+
+    # asyncio's duck-typing marker (asyncio.isfuture): a future, never yielded to a task itself.
+    _asyncio_future_blocking = False
+    if TYPE_CHECKING:    # our own fields, not asyncio.Future's of the same names
+        _state: int  # type: ignore[assignment]
+        _callbacks: list[tuple[Any, Callable]]  # type: ignore[assignment]
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
@@ -96,7 +122,14 @@ class GPUFuture:
         return self._exc
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block this (non-event-loop) thread until done or ``timeout`` seconds; returns done()."""
+        """Block this thread until done or ``timeout`` seconds; returns done().
+
+        For synchronous code and threads. On the thread of a running event loop (asyncio,
+        uvloop, trio) it raises BlockingCallError, done or not, instead of stalling the loop:
+        ``await`` the future there."""
+        if _loops.current_port() is not None:
+            raise BlockingCallError(f"{self!r}.wait() would block the running event loop; "
+                                    f"`await` it instead (or call wait() from another thread)")
         if self.done():
             return True
         hub = self._hub
@@ -126,9 +159,13 @@ class GPUFuture:
             return
         owner.wait_on(self, stream, device=device)
 
-    def add_done_callback(self, fn: Callable[["GPUFuture"], Any]) -> None:
-        """Call ``fn(self)`` once done: on the calling event loop if there is one, else on the
-        runtime's waiter thread (keep such callbacks short and non-blocking)."""
+    def add_done_callback(self, fn: Callable[["GPUFuture"], Any], *, context: Any = None) -> None:
+        """Call ``fn(self)`` once done: on the calling event loop if there is one (scheduled,
+        never called inside this call, as asyncio does), else on the runtime's waiter thread
+        (keep such callbacks short and non-blocking); in ``context`` (a contextvars.Context) if
+        given."""
+        if context is not None:
+            fn = _InContext(fn, context)
         port = _loops.current_port()
         if self._hub is None or self._state != PENDING:
             self._run_callback(port, fn)
@@ -139,6 +176,49 @@ class GPUFuture:
                 self._callbacks.append((port, fn))
                 return
         self._run_callback(port, fn)
+
+    def remove_done_callback(self, fn: Callable[["GPUFuture"], Any]) -> int:
+        """Remove every registration of ``fn`` not yet handed to its loop; returns how many
+        were removed (asyncio's protocol)."""
+        if self._hub is None:
+            return 0
+        with self._hub.lock.raw:
+            keep = [(p, f) for p, f in self._callbacks if not (f is fn or f == fn)]
+            removed = len(self._callbacks) - len(keep)
+            self._callbacks = keep
+        return removed
+
+    def cancel(self, msg: Any = None) -> bool:
+        """GPU work cannot be cancelled: nothing changes; returns False. (Cancel the *task*
+        that awaits the future to stop waiting for it.)"""
+        return False
+
+    def cancelled(self) -> bool:
+        """Always False: a GPUFuture completes or fails, it is never cancelled."""
+        return False
+
+    def get_loop(self) -> _asyncio.AbstractEventLoop:
+        """The running asyncio loop (asyncio's protocol: a GPUFuture serves every loop).
+        RuntimeError outside a running loop."""
+        return _asyncio.get_running_loop()
+
+    def asyncio(self) -> "_asyncio.Future[Any]":
+        """A new asyncio future of the running loop that settles as this one does (with its
+        result or its exception). Cancelling it detaches it only: the GPU work runs on. For
+        ``asyncio.wait_for`` timeouts on Python 3.11, and other code that cancels what it
+        waits for. RuntimeError outside a running asyncio loop."""
+        loop = _asyncio.get_running_loop()
+        out: _asyncio.Future[Any] = loop.create_future()
+
+        def settle(fut: GPUFuture) -> None:
+            if not out.done():
+                if fut._exc is None:
+                    out.set_result(fut.value)
+                else:
+                    out.set_exception(fut._exc)
+
+        self.add_done_callback(settle)
+        return out
 
     def _notify(self, port: Any, fn: Callable[["GPUFuture"], Any]) -> None:
         """Call ``fn(self)`` on ``port`` once done, without asking the backend for an early
@@ -207,6 +287,24 @@ class GPUFuture:
 
 # A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
 _CallbackAwaiter = _loops.Callback
+
+
+class _InContext:
+    """A done-callback run in a given contextvars.Context; equal to the bare callback, so that
+    ``remove_done_callback(fn)`` finds it."""
+
+    __slots__ = ("fn", "context")
+
+    def __init__(self, fn: Callable, context: Any):
+        self.fn, self.context = fn, context
+
+    def __call__(self, fut: Any) -> Any:
+        return self.context.run(self.fn, fut)
+
+    def __eq__(self, other: Any) -> bool:
+        return other is self or other is self.fn or other == self.fn
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def mark_retrieved(exc: BaseException) -> None:

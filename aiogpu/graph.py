@@ -48,15 +48,6 @@ class GraphNode(GPUFuture):
         raise RuntimeError("a graph node is not waitable; instantiate the graph and wait for a replay")
 
 
-class _NodeState:
-    """Per-buffer ordering state inside a capture (``ordering`` applies the run-time rules)."""
-
-    __slots__ = ("last_write", "reads")
-
-    def __init__(self):
-        self.last_write, self.reads = None, []
-
-
 class Graph:
     """Records operations of one runtime instead of running them (``with Graph() as g:``).
 
@@ -66,8 +57,7 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[GraphNode] = []
         self.runtime: Any = None
-        self._states: dict[Any, _NodeState] = {}
-        self._host = ordering.Hazards()        # host arrays: by address range, as at run time
+        self._host = ordering.Hazards()        # buffers and host arrays: by address range
         self._token: Any = None
 
     def __enter__(self) -> "Graph":
@@ -87,12 +77,12 @@ class Graph:
 
     # -- recording (called by Device.launch, Runtime.copy, Runtime.gather) -----------------------
     def _state(self, key: Any) -> Any:
-        if isinstance(key, tuple) and key[0] == "host":
-            return self._host.host(key[1], key[2])
-        state = self._states.get(key)
-        if state is None:
-            state = self._states[key] = _NodeState()
-        return state
+        """The capture's ordering state of a Buffer or view (its bytes, by address: device
+        addresses are unique in the process, so views of one buffer conflict where they
+        overlap) or of a host array."""
+        if isinstance(key, Buffer):
+            return self._host.host(key.address, key.nbytes)
+        return self._host.host(key[1], key[2])
 
     def _add(self, kind: str, op: dict, after: list, reads: list, writes: list, label: str) -> GraphNode:
         for f in after:
@@ -189,6 +179,9 @@ class GraphExec:
             device = node.op["device"]
             new_args = p.get("args", node.op["args"])
             values, lengths, buffers = check_args(device, node.op["kernel"], new_args)
+            if any(not isinstance(b, Buffer) for b in buffers.values()):
+                raise TypeError(f"args= patches of {node.label} take Buffers only (graphs do not take "
+                                f"other libraries' arrays)")
             g = check_dims("grid", p.get("grid", node.op["grid"]), MAX_GRID)
             b = check_dims("block", p.get("block", node.op["block"]), MAX_WORKGROUP)
             if len(g) != len(b) or int(np.prod(b)) > MAX_WORKGROUP:

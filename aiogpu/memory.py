@@ -8,6 +8,7 @@ pending GPU work uses it.
 """
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any, Callable
 
@@ -177,44 +178,185 @@ class DeviceMemory:
 
 def host_dtype(dtype: Any, what: str) -> np.dtype:
     """``dtype`` as a NumPy dtype whose bytes may be written by a device: numeric (bool,
-    integer, float, complex) with a non-zero item size. Object, string, void and structured
-    dtypes raise TypeError (raw bytes written into PyObject pointers would crash the process)."""
+    integer, float, complex, and ml_dtypes' ``bfloat16`` where installed) with a non-zero item
+    size, in native byte order. Object, string, void, datetime and structured dtypes raise
+    TypeError (raw bytes written into PyObject pointers would crash the process)."""
     try:
         dtype = np.dtype(dtype)
     except TypeError as exc:
         raise TypeError(f"{what}: {dtype!r} is not a NumPy dtype ({exc})") from None
-    if dtype.kind not in "biufc" or dtype.itemsize == 0 or dtype.fields is not None:
+    numeric = dtype.kind in "biufc" or dtype.name == "bfloat16"
+    if not numeric or dtype.itemsize == 0 or dtype.fields is not None or dtype.subdtype is not None:
         raise TypeError(f"{what}: dtype {dtype} is not numeric; GPU memory holds bool, integer, "
                         f"float or complex data")
+    if not dtype.isnative:
+        raise TypeError(f"{what}: dtype {dtype.str} is not in native byte order")
     return dtype
 
 
+def _index(value: Any, what: str) -> int:
+    """``value`` as a Python int (TypeError for bools, floats and other non-integers)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _shape(shape: Any, itemsize: int, room: int) -> tuple[int, ...]:
+    """A view's shape: ``shape`` validated (positive integers), or all of ``room`` bytes."""
+    if shape is None:
+        if room % itemsize:
+            raise ValueError(f"{room} bytes are not a whole number of {itemsize}-byte elements; "
+                             f"give a shape")
+        return (room // itemsize,)
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    if not isinstance(dims, (tuple, list)) or not dims:
+        raise TypeError(f"shape must be an integer or a non-empty tuple of integers, got {shape!r}")
+    out = tuple(_index(d, "shape entries") for d in dims)
+    if any(d <= 0 for d in out):
+        raise ValueError(f"shape entries must be positive, got {shape!r}")
+    if math.prod(out) * itemsize > room:
+        raise ValueError(f"a view of shape {out} needs {math.prod(out) * itemsize} bytes; only "
+                         f"{room} are left")
+    return out
+
+
 class Buffer:
-    """``nbytes`` of memory on one device.
+    """``nbytes`` of memory on one device, or a view of part of such memory.
 
     Allocation is synchronous and cheap. ``free()`` (or garbage collection) returns the memory
     only after every GPU operation that uses the buffer has retired.
+
+    A buffer from ``Device.alloc`` is *raw*: a one-dimensional array of ``nbytes`` uint8, which
+    any pointer argument of a kernel accepts; ``len()`` is its byte count and ``buf[a:b]`` a raw
+    view of bytes ``a`` to ``b``. ``buf.view(dtype, shape, offset)`` is a *typed* view; slicing
+    it selects elements along its first axis. A view is a Buffer too (``copy``, ``launch``,
+    ``fill``, ``to_numpy`` and the interop exports take it); it owns no memory, keeps its
+    ``base`` (the allocation) alive, and is unusable once the base is freed. GPU work on views
+    is ordered by the bytes it touches: work on disjoint views of one buffer may overlap,
+    overlapping views are ordered as one buffer is.
     """
 
     def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
         self.device = device
         self.address = address
         self.nbytes = nbytes
+        self.root = self               # the allocation this is (a view: the one it views)
+        self.offset = 0                # byte offset from root.address
+        self.typed_dtype: np.dtype | None = None   # None: raw bytes (any pointer argument)
+        self._shape: tuple[int, ...] = (nbytes,)
         self.users = 0                 # pending operations that use it
         self.freed = False
         self.last_write: Any = None    # ordering state, see ordering.py
         self.reads: list = []
+        self.ranges: Any = None        # ordering state by byte range, once views are used
         self._finalizer = weakref.finalize(self, release, address)
 
+    @classmethod
+    def _view_of(cls, root: "Buffer", offset: int, nbytes: int, dtype: np.dtype | None,
+                 shape: tuple[int, ...]) -> "Buffer":
+        view = cls.__new__(cls)
+        view.device, view.root, view.offset = root.device, root, offset
+        view.address, view.nbytes = root.address + offset, nbytes
+        view.typed_dtype, view._shape = dtype, shape
+        return view
+
+    # -- what it is ----------------------------------------------------------------------------
+    @property
+    def is_view(self) -> bool:
+        return self.root is not self
+
+    @property
+    def base(self) -> "Buffer | None":
+        """The allocation a view views (None for an allocation), as NumPy's ``base``."""
+        return None if self.root is self else self.root
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The element type: the view's, or uint8 for raw bytes."""
+        return self.typed_dtype if self.typed_dtype is not None else _UINT8
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    def __len__(self) -> int:
+        """The length of the first axis: bytes for a raw buffer, elements for a 1-D view."""
+        return self._shape[0]
+
+    # -- views ---------------------------------------------------------------------------------
+    def view(self, dtype: Any, shape: Any = None, offset: int = 0) -> "Buffer":
+        """A typed view of this buffer's bytes from ``offset`` (bytes, relative to this buffer):
+        ``shape`` elements of ``dtype`` (default: every whole element to the end), C order.
+
+        No GPU work and no copy. Raises TypeError for a non-numeric dtype or non-integer offset
+        or shape, ValueError for an offset or shape outside the buffer, an offset that is not a
+        multiple of the item size (from the start of the allocation), or a freed buffer."""
+        self.check_usable()
+        dtype = host_dtype(dtype, "view")
+        offset = _index(offset, "view offset")
+        if not 0 <= offset < self.nbytes:
+            raise ValueError(f"view offset {offset} is outside {self!r} (0 to {self.nbytes - 1})")
+        start = self.offset + offset
+        if start % dtype.itemsize:
+            raise ValueError(f"view offset {offset} puts {dtype} elements at byte {start} of the "
+                             f"allocation, not a multiple of their size {dtype.itemsize}")
+        shape = _shape(shape, dtype.itemsize, self.nbytes - offset)
+        return Buffer._view_of(self.root, start, math.prod(shape) * dtype.itemsize, dtype, shape)
+
+    def __getitem__(self, key: Any) -> "Buffer":
+        """``buf[a:b]``: a view of items ``a`` to ``b`` along the first axis (bytes of a raw
+        buffer); ``view[i]`` of a view with two or more dimensions: its ``i``-th row.
+
+        Bounds are checked, not clipped: IndexError outside the buffer, ValueError for an
+        empty selection or a step other than 1, TypeError for other keys."""
+        self.check_usable()
+        n = self._shape[0]
+        row = math.prod(self._shape[1:]) * self.dtype.itemsize
+        if isinstance(key, slice):
+            start, stop = _bound(key.start, 0, n), _bound(key.stop, n, n)
+            if key.step not in (None, 1):
+                raise ValueError(f"buffer slices are contiguous: step {key.step!r} is not supported")
+            if stop <= start:
+                raise ValueError(f"the slice [{start}:{stop}] of {self!r} is empty")
+            shape = (stop - start, *self._shape[1:])
+        elif isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)) and self.ndim > 1:
+            start = _bound(key, 0, n)
+            if start == n:
+                raise IndexError(f"index {key} is out of bounds for length {n}")
+            shape = self._shape[1:]
+        else:
+            raise TypeError(f"index a buffer with a slice (a row: an integer, for views of 2 or more "
+                            f"dimensions), got {key!r}")
+        return Buffer._view_of(self.root, self.offset + start * row, math.prod(shape) * self.dtype.itemsize,
+                               self.typed_dtype, shape)
+
+    def __iter__(self) -> Any:
+        raise TypeError(f"a Buffer is device memory and cannot be iterated; read it with "
+                        f"`await buf.to_numpy()`")
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(f"{self!r} is device memory; NumPy cannot read it in place. Copy it to the host "
+                        f"with `await buf.to_numpy()` (or aiogpu.copy into an array)")
+
+    # -- lifetime ------------------------------------------------------------------------------
     def check_usable(self) -> None:
-        """Raise ValueError for a freed buffer, RuntimeClosedError for a closed runtime."""
-        if self.freed:
-            raise ValueError(f"{self!r} was freed")
+        """Raise ValueError for a freed buffer (or a view of one), RuntimeClosedError for a
+        closed runtime."""
+        if self.root.freed:
+            what = f"{self!r} views a buffer that" if self.root is not self else f"{self!r}"
+            raise ValueError(f"{what} was freed")
         if self.device.runtime.closed:
             raise RuntimeClosedError(f"{self!r}: its runtime is closed")
 
     def free(self) -> None:
-        """Give the memory back once no pending GPU work uses it; the buffer is unusable after."""
+        """Give the memory back once no pending GPU work uses it; the buffer, and every view
+        of it, is unusable after. TypeError on a view (it owns no memory: free its ``base``)."""
+        if self.root is not self:
+            raise TypeError(f"{self!r} is a view; free the buffer it views (its .base)")
         with self.device.runtime.lock:
             if self.freed:
                 return
@@ -223,55 +365,83 @@ class Buffer:
                 self._finalizer()
 
     def unuse(self) -> None:
-        """One operation using this buffer retired (under the runtime lock)."""
+        """One operation using this allocation retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
             self._finalizer()
 
-    def to_numpy(self, dtype: Any = np.uint8) -> Any:
+    # -- data ----------------------------------------------------------------------------------
+    def to_numpy(self, dtype: Any = None) -> Any:
         """A GPUFuture whose result is a new NumPy array holding a copy of the buffer.
 
-        The array lives in the runtime's pinned host memory (so the copy needs no pinning); it
-        stays valid after the runtime is closed. TypeError for a non-numeric dtype, ValueError
-        when the buffer is not a whole number of elements."""
-        dtype = host_dtype(dtype, "to_numpy")
-        if self.nbytes % dtype.itemsize:
-            raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
-        out = np.empty(self.nbytes // dtype.itemsize, dtype=dtype)
+        With no ``dtype``: the view's dtype and shape (uint8 bytes for a raw buffer); with one,
+        a one-dimensional array of the bytes as ``dtype``. The array lives in the runtime's
+        pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
+        closed. TypeError for a non-numeric dtype, ValueError when the buffer is not a whole
+        number of elements or was freed."""
+        self.check_usable()
+        if dtype is None:
+            dtype, shape = self.dtype, self._shape
+        else:
+            dtype = host_dtype(dtype, "to_numpy")
+            if self.nbytes % dtype.itemsize:
+                raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
+            shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
         rt.check_open()
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            out = rt.pinned.empty(self.nbytes, dtype)
+            out = rt.pinned.empty(self.nbytes, dtype).reshape(shape)
         fut = rt.copy(out, self)
         fut.value = out
         return fut
 
     def fill(self, value: int, *, after: Any = ()) -> Any:
-        """Fill with a repeated 32-bit ``value`` (device-side; nbytes must be a multiple of 4)."""
-        if self.nbytes % 4:
-            raise ValueError(f"fill writes 32-bit words; {self!r} is not a multiple of 4 bytes")
+        """Fill with a repeated 32-bit ``value`` (device-side; nbytes and, for a view, its offset
+        must be multiples of 4)."""
         return self.device.runtime.fill(self, value, after=after)
 
-    # -- interop (CUDA devices only): a one-dimensional uint8 array of ``nbytes`` ----------------
+    # -- interop: the buffer's dtype and shape (raw buffers: uint8 bytes) ------------------------
     @property
     def __cuda_array_interface__(self) -> dict:
-        """CUDA Array Interface v3 (CUDA buffers only; its ``stream`` is the pending writer's)."""
-        return self._cuda("__cuda_array_interface__").cuda_array_interface(self)
+        """CUDA Array Interface v3 with this buffer's dtype and shape (CUDA buffers only: an
+        AttributeError elsewhere); its ``stream`` is the pending writer's lane."""
+        return self._interop("__cuda_array_interface__").cuda_array_interface(self)
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
-        """A DLPack capsule (CUDA buffers only); ``stream`` waits on the device for pending work."""
-        return self._cuda("__dlpack__").dlpack(self, stream=stream, max_version=max_version,
-                                              dl_device=dl_device, copy=copy)
+        """A DLPack capsule with this buffer's dtype and shape; ``stream`` waits on the device
+        for pending work. CUDA buffers only: NotOnCudaError (a TypeError) on HSA and the
+        emulator, whose memory no DLPack consumer in this process can address."""
+        return self._interop("__dlpack__").dlpack(self, stream=stream, max_version=max_version,
+                                                 dl_device=dl_device, copy=copy)
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        return self._cuda("__dlpack_device__").dlpack_device(self)
+        """(kDLCUDA, device index) on CUDA; NotOnCudaError elsewhere."""
+        return self._interop("__dlpack_device__").dlpack_device(self)
 
-    def _cuda(self, what: str) -> Any:
+    def _interop(self, what: str) -> Any:
         if getattr(self.device, "dlpack", None) is None:
             raise NotOnCudaError(f"{what}: {self!r} is on the {self.device.runtime.backend} backend; "
                                  f"only CUDA buffers export device memory")
+        self.check_usable()
         return self.device
 
     def __repr__(self) -> str:
-        return f"<Buffer {self.nbytes} B on {self.device.name} at 0x{self.address:x}>"
+        if self.root is self:
+            return f"<Buffer {self.nbytes} B on {self.device.name} at 0x{self.address:x}>"
+        kind = f"{self.typed_dtype}{list(self._shape)}" if self.typed_dtype is not None else f"{self.nbytes} B"
+        return f"<Buffer view {kind} at +{self.offset} of {self.root.nbytes} B on {self.device.name}>"
+
+
+_UINT8 = np.dtype(np.uint8)
+
+
+def _bound(value: Any, default: int, n: int) -> int:
+    """A slice bound or index in [0, n] (negative ones count from the end); IndexError outside."""
+    if value is None:
+        return default
+    i = _index(value, "buffer indices")
+    j = i + n if i < 0 else i
+    if not 0 <= j <= n:
+        raise IndexError(f"index {i} is out of bounds for length {n}")
+    return j

@@ -5,6 +5,12 @@ Every operation declares what it reads and writes. It depends on the last writer
 write, write after read). Read-after-write and ``after=`` edges are *semantic*: if the earlier
 operation fails, so does the later. The others only order: work that overwrites a buffer does not
 fail because an earlier writer of it did.
+
+One rule, on byte ranges: two operations conflict where the bytes they touch overlap. A Buffer
+used only whole keeps its state in two fields (``last_write``, ``reads``: the fast path); once a
+view of part of it is used, its state moves to a ``Hazards`` of byte ranges (``Buffer.ranges``),
+and back to the fields once nothing unretired is left there. Host memory and other libraries'
+device memory are ranges of the runtime's own ``Hazards``, by address.
 """
 from __future__ import annotations
 
@@ -16,15 +22,16 @@ from .futures import GPUFuture
 
 
 class HostRange:
-    """One operation's view of host memory ``[start, end)`` (also used for other libraries'
-    device arrays). Its ordering state is that of every overlapping range its ``Hazards``
-    records, whatever arrays those came from: a slice, a view or another array over the same
-    bytes conflicts with it exactly where their bytes overlap."""
+    """One operation's view of bytes ``[start, end)`` of a ``Hazards``: host memory and other
+    libraries' device arrays (by address), or part of a Buffer (by offset; ``buffer`` is then
+    the allocation). Its ordering state is that of every overlapping range its ``Hazards``
+    records, whatever arrays or views those came from: a slice, a view or another array over
+    the same bytes conflicts with it exactly where their bytes overlap."""
 
-    __slots__ = ("hazards", "start", "end")
+    __slots__ = ("hazards", "start", "end", "buffer")
 
-    def __init__(self, hazards: "Hazards", start: int, end: int):
-        self.hazards, self.start, self.end = hazards, start, end
+    def __init__(self, hazards: "Hazards", start: int, end: int, buffer: Any = None):
+        self.hazards, self.start, self.end, self.buffer = hazards, start, end, buffer
 
     def writers(self) -> list[GPUFuture]:
         """The unretired last writers of the overlapping bytes."""
@@ -54,21 +61,23 @@ class _Segment:
 
 
 class Hazards:
-    """Ordering state of host memory by address range; buffers carry theirs (``last_write``/
-    ``reads``) themselves.
+    """Ordering state of memory by byte range: the runtime's host memory (and other libraries'
+    device arrays) by address, and a Buffer's bytes by offset once views of it are used.
 
-    Host memory is kept as disjoint segments sorted by address (``_starts`` parallels
+    Memory is kept as disjoint segments sorted by address (``_starts`` parallels
     ``_segs``): a lookup bisects to the overlapping run, so its cost grows with the number of
     overlapping segments, not with the number of ranges in use. A write replaces the segments it
     covers; a read joins them (splitting at its ends). A segment goes once nothing unretired
-    uses it (host memory does not keep failed writers: its addresses are reused by unrelated
-    arrays).
+    uses it. Host memory does not keep failed writers (its addresses are reused by unrelated
+    arrays); a Buffer's ranges do (``keep_failed``): what a failed write left undefined reads as
+    failed until something overwrites it, as for a whole buffer.
     """
 
-    def __init__(self):
+    def __init__(self, keep_failed: bool = False):
         self._starts: list[int] = []
         self._segs: list[_Segment] = []
         self._seq = 0
+        self.keep_failed = keep_failed
 
     def host(self, address: int, nbytes: int) -> HostRange:
         """The ordering state of ``nbytes`` of host memory at ``address``."""
@@ -94,7 +103,8 @@ class Hazards:
         i, j = self._span(start, end)
         keep = []
         for seg in self._segs[i:j]:
-            if seg.last_write is not None and seg.last_write.retired:
+            last = seg.last_write
+            if last is not None and last.retired and not (self.keep_failed and last._exc is not None):
                 seg.last_write = None
             seg.reads = [f for f in seg.reads if not f.retired]
             if seg.last_write is not None or seg.reads:
@@ -161,21 +171,62 @@ class Hazards:
         self._starts[i:j] = [seg.start for seg in new]
 
 
+def state_of(obj: Any) -> Any:
+    """The ordering state of what an operation touches (under the runtime lock): a range as
+    given; a Buffer used whole while its allocation has no range state: the allocation itself
+    (its two fields); any other Buffer or view: its bytes in the allocation's ranges (created
+    now, holding the whole-buffer state so far). Other objects (a capture's states) as given."""
+    root = getattr(obj, "root", None)
+    if root is None:
+        return obj
+    ranges = root.ranges
+    if ranges is None:
+        if obj.nbytes == root.nbytes:
+            return root
+        ranges = root.ranges = Hazards(keep_failed=True)
+        if root.last_write is not None or root.reads:
+            ranges._segs.append(_Segment(0, root.nbytes, root.last_write, root.reads, 0))
+            ranges._starts.append(0)
+        root.last_write, root.reads = None, []
+    return HostRange(ranges, obj.offset, obj.offset + obj.nbytes, root)
+
+
 def prune(state: Any) -> None:
     """Forget the retired work in ``state`` (its readers, and its last writer unless that
     failed), so that finished futures, and the results they hold, are not kept alive by the
-    memory they touched."""
+    memory they touched. A Buffer (or view) prunes its whole allocation; an allocation whose
+    ranges are left empty goes back to the fast path."""
     # A writer that failed stays the last writer even once retired: the memory's contents are
     # undefined, so later readers fail (read after a failed write) until something overwrites it.
     # (Host memory is exempt, see Hazards.)
+    root = getattr(state, "root", None)
+    if root is not None:
+        state = root
+        if root.ranges is not None:
+            root.ranges.prune(0, root.nbytes)
+            if not root.ranges._segs:
+                root.ranges = None
+            return
     last = state.last_write
     if last is not None and last.retired and last._exc is None:
         state.last_write = None
     state.reads = [f for f in state.reads if not f.retired]
 
 
+def touching(obj: Any) -> tuple[list[GPUFuture], list[GPUFuture]]:
+    """(unretired last writers, unretired readers since) of a Buffer's or view's bytes
+    (under the runtime lock): what a consumer outside aiogpu must wait for."""
+    state = state_of(obj)
+    if isinstance(state, HostRange):
+        writers, readers = state.writers(), state.readers()
+    else:
+        writers, readers = [state.last_write] if state.last_write is not None else [], state.reads
+    return [f for f in writers if not f.retired], [f for f in readers if not f.retired]
+
+
 def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GPUFuture]) -> dict[GPUFuture, bool]:
-    """{earlier future: semantic} for an operation touching ``reads``/``writes`` states."""
+    """{earlier future: semantic} for an operation touching ``reads``/``writes`` (Buffers,
+    views, ranges)."""
     deps: dict[GPUFuture, bool] = {}
 
     def add(fut: GPUFuture | None, semantic: bool) -> None:
@@ -189,14 +240,16 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
     for fut in after:
         add_semantic(fut)
     writes = list(writes)
-    for state in reads:
+    for obj in reads:
+        state = state_of(obj)
         if isinstance(state, HostRange):
             for writer in state.writers():
                 add_semantic(writer)
             continue
         prune(state)
         add_semantic(state.last_write)
-    for state in writes:
+    for obj in writes:
+        state = state_of(obj)
         if isinstance(state, HostRange):
             for fut in (*state.writers(), *state.readers()):
                 add(fut, False)
@@ -246,11 +299,16 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     from .futures import completed_future
 
     fut = completed_future(hub, label, err)
-    writes = [s for s in writes if not isinstance(s, HostRange)]   # host memory: nothing ran
-    for state in writes:
-        prune(state)
-        fut.preds.extend(f for f in [state.last_write, *state.reads] if f is not None)
-    record(fut, [], writes)
+    # Host memory (a range with no buffer): nothing ran, nothing there is undefined.
+    states = [state_of(s) for s in writes]
+    device = [s for s in states if not (isinstance(s, HostRange) and s.buffer is None)]
+    for state in device:
+        if isinstance(state, HostRange):
+            fut.preds.extend([*state.writers(), *state.readers()])
+        else:
+            prune(state)
+            fut.preds.extend(f for f in [state.last_write, *state.reads] if f is not None)
+    record(fut, [], device)
     return fut
 
 
@@ -259,15 +317,17 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
     (what it waits for) are remembered in case it fails without running."""
     fut.preds.extend(d for d in deps if not d.retired)
     writes = list(writes)
-    for state in writes:
+    for obj in writes:
+        state = state_of(obj)
         if isinstance(state, HostRange):
             state.hazards._record(state.start, state.end, fut, True)
         else:
             state.last_write = fut
             state.reads = []
-    for state in reads:
-        if any(state is w for w in writes):
+    for obj in reads:
+        if any(obj is w for w in writes):
             continue
+        state = state_of(obj)
         if isinstance(state, HostRange):
             state.hazards._record(state.start, state.end, fut, False)
         else:

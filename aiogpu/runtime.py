@@ -121,7 +121,7 @@ class CopySide:
     obj: Any
     host: bool                 # host memory (a NumPy array)
     device: Any                # the Device whose memory it is (None for host memory)
-    state: Any                 # its ordering state (Buffer, or a HostRange)
+    state: Any                 # its ordering state (a Buffer or view, or a HostRange)
     ptr: int | None            # device-visible address (host sides: set by _host_pointers)
     stream: Any = None         # a foreign array's stream to order after, if any
 
@@ -340,11 +340,12 @@ class Runtime:
         reads, writes = list(reads), list(writes)
         ordering.record(fut, reads, writes, deps)
         used = {id(s): s for s in (*reads, *writes)}.values()
-        bufs = [s for s in used if isinstance(s, Buffer)]
+        views = [s for s in used if isinstance(s, Buffer)]
+        bufs = list({id(v.root): v.root for v in views}.values())    # allocations, once each
         hosts = [s for s in used if isinstance(s, ordering.HostRange)]
         for buf in bufs:
             buf.users += 1
-        fut.keep.extend(bufs)
+        fut.keep.extend(views)
         fut.keep.extend(keep)
         cleanup = list(cleanup)
         if not (bufs or hosts or cleanup):
@@ -434,10 +435,10 @@ class Runtime:
                     raise ValueError(f"copy {name}: the array is empty")
                 sizes.append(side.nbytes)
             else:
-                info = self._foreign(side, name)
+                info = self._foreign(side, f"copy {name}", name == "dst")
                 if info is None:
                     raise TypeError(f"copy {name} must be a Buffer or a NumPy array{self._foreign_kinds}, "
-                                    f"got {type(side).__name__}")
+                                    f"got {type(side).__name__}{self._refusal(side)}")
                 sizes.append(info[1])
         if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
             raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
@@ -455,7 +456,7 @@ class Runtime:
         if isinstance(side, np.ndarray):
             addr = side.__array_interface__["data"][0]
             return CopySide(side, True, None, self.hazards.host(addr, side.nbytes), None)
-        info = self._foreign(side, name)
+        info = self._foreign(side, f"copy {name}", name == "dst")
         assert info is not None                  # _check_copy accepted it as a foreign array
         ptr, nbytes, device, stream = info
         return CopySide(side, False, device, self.hazards.host(ptr, nbytes), ptr, stream)
@@ -463,10 +464,34 @@ class Runtime:
     # Foreign device arrays (other libraries' memory) in copies: none by default.
     _foreign_kinds = ""
 
-    def _foreign(self, side: Any, name: str) -> tuple | None:
-        """(pointer, nbytes, device, stream) of another library's device array, None if ``side``
-        is not one (ValueError/TypeError if it is one this runtime cannot use)."""
+    def _foreign(self, obj: Any, what: str, write: bool) -> tuple | None:
+        """(pointer, nbytes, device, stream to wait on) of another library's device array, None
+        if ``obj`` is not one this backend accepts (ValueError/TypeError, naming ``what``, if it
+        is one it cannot use; ``write``: the operation writes it)."""
         return None
+
+    def _refusal(self, obj: Any) -> str:
+        """Why a foreign-looking object is refused here (an empty string for other objects)."""
+        if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
+            return (f" (another library's array; the {self.backend} backend accepts those only as "
+                    f"sources or destinations of aiogpu.copy on CUDA: copy it through a NumPy array)")
+        return ""
+
+    def foreign_argument(self, device: Device, obj: Any, what: str, *, write: bool) -> Any:
+        """Another library's array as a pointer argument of a launch on ``device`` (a
+        ``device.Foreign``): ordered by its address range like host memory, after the work
+        queued on its stream (CUDA: the ``__cuda_array_interface__`` stream, else the legacy
+        default stream). TypeError where the backend takes none, ValueError for one elsewhere."""
+        from .device import Foreign
+
+        info = self._foreign(obj, what, write)
+        if info is None:
+            raise TypeError(f"{what} must be a Buffer{self._foreign_kinds}, got "
+                            f"{type(obj).__name__}{self._refusal(obj)}")
+        ptr, nbytes, dev, stream = info
+        if dev is not device:
+            raise ValueError(f"{what}: the {type(obj).__name__} is on {dev.name}, not on {device.name}")
+        return Foreign(obj, ptr, nbytes, self.hazards.host(ptr, nbytes), stream)
 
     def _shader_can_copy(self, op: CopyOp) -> bool:
         """Whether a shader on ``op.device`` can address both sides (else an engine must copy)."""
@@ -479,8 +504,9 @@ class Runtime:
         if not isinstance(buf, Buffer):
             raise TypeError(f"fill takes a Buffer, got {type(buf).__name__}")
         buf.check_usable()
-        if buf.nbytes % 4:
-            raise ValueError(f"fill writes 32-bit words; {buf!r} is not a multiple of 4 bytes")
+        if buf.nbytes % 4 or buf.offset % 4:
+            raise ValueError(f"fill writes 32-bit words; {buf!r} does not start and end on 4-byte "
+                             f"boundaries")
         after = self.check_after(after)
         dev = buf.device
         capture = self.capturing()

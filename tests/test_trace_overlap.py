@@ -3,6 +3,7 @@ separate rows of the queue's track), never nested as if one operation had called
 The demo's operation count and its trace agree; ``stress --ops N`` runs N operations."""
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -63,11 +64,11 @@ async def test_every_operation_appears_once(rt, tmp_path):
         ops.append(d0.launch(sleep_ms, grid=(1,), block=(1,), args=(5,)))
         ops.append(aiogpu.copy(b, a))
         ops.append(aiogpu.gather(*ops))
-        for f in ops:
-            assert f.wait(10)
+        done, _ = await asyncio.wait(ops, timeout=10)     # (wait() would block the loop)
+        assert done == set(ops)
         out = d0.alloc(4)
         bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(out, 1))
-        assert bad.wait(10)
+        assert (await asyncio.wait([bad], timeout=10))[0] == {bad}
         never_ran = aiogpu.copy(np.empty(1, np.int32), out)    # reads what ``bad`` failed to write
         ops += [bad, never_ran]
     assert never_ran.exception() is not None

@@ -28,12 +28,29 @@ async def main() -> None:
     ready: aiogpu.GPUFuture = d0.load(saxpy)             # compile off the loop (warm-up)
     await ready
     await saxpy.compile(d0)
+    # views and slices
+    v: aiogpu.Buffer = y.view(np.float32, (n // 4, 4))
+    rows = v[2:10]
+    head = y[0:64]
+    count: int = len(rows) + len(head)
+    await aiogpu.copy(rows, np.zeros((8, 4), np.float32))
+    await d0.launch(saxpy, grid=(32,), block=(32,), args=(v[0:8], x.view(np.float32)[0:32], 1.0, 32))
+    part = await rows.to_numpy()
+    print(part.shape, count, v.shape, v.dtype, v.base is y)
+    await head.fill(0)
+    # asyncio's future protocol
+    done, pending = await asyncio.wait([f1, f2], return_when=asyncio.FIRST_COMPLETED)
+    for nxt in asyncio.as_completed([f1, f2]):
+        await nxt
+    assert asyncio.isfuture(f1) and not f1.cancelled()
+    await asyncio.wait_for(f2.asyncio(), 5.0)
+    print(len(done) + len(pending))
     rt: aiogpu.Runtime = aiogpu.runtime()
     if rt.backend == "cuda":
         import torch  # type: ignore[import-not-found]
         s = torch.cuda.Stream()
-        done: aiogpu.GPUFuture = aiogpu.stream_future(s, runtime=rt)
-        f3 = d0.launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n), after=[done])
+        torch_done: aiogpu.GPUFuture = aiogpu.stream_future(s, runtime=rt)
+        f3 = d0.launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n), after=[torch_done])
         f3.wait_on(s)
         await f3
     rt.close()

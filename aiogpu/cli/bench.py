@@ -75,7 +75,7 @@ async def rt_poll(dev: Any, n: int) -> list[float]:
         while load(sig) >= 1:
             await asyncio.sleep(0)
         out.append(time.perf_counter() - t)
-        f.wait()
+        await f
     return out
 
 

@@ -165,7 +165,8 @@ class CudaDevice(Device):
 
     def _submit_kernel(self, loaded: LoadedCudaKernel, label: str, grid: tuple, block: tuple, values: list,
                        lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> Any:
+                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
+                       waits: Sequence = ()) -> Any:
         """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock)."""
         lane = self.pick_lane(deps)
         params = loaded.pack(values)
@@ -181,9 +182,12 @@ class CudaDevice(Device):
                 return hot.kernel(func, (gx, gy, gz), (bx, by, bz), stream, params)
         rt = self.runtime
         if copy is None:
+            if waits:
+                enqueue = rt.with_foreign_waits(self, waits, enqueue)
             return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup)
-        return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy, enqueue), reads, writes,
-                         keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging)
+        from .interop import copy_streams
+        return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy_streams(copy), enqueue), reads,
+                         writes, keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging)
 
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> Any:
         """``cuMemsetD32Async`` on a compute lane."""

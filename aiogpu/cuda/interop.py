@@ -1,20 +1,28 @@
 """Interop with other CUDA libraries: ``__cuda_array_interface__`` and DLPack for Buffers, and
-foreign CUDA arrays (torch, CuPy, ...) as sides of ``aiogpu.copy``.
+foreign CUDA arrays (torch, CuPy, ...) as sides of ``aiogpu.copy`` and pointer arguments of
+``launch``.
 
-A Buffer is exported as a one-dimensional ``uint8`` array of ``nbytes`` (view it with the
-consumer's own dtype, e.g. ``torch.from_dlpack(buf).view(torch.float32)``). Synchronisation:
-- ``__cuda_array_interface__`` (v3) names in ``stream`` the lane of the buffer's pending writer,
-  if any, so that a consumer that honours it waits for that write on the device;
+A Buffer is exported with its dtype and shape: a raw buffer as one-dimensional ``uint8`` of
+``nbytes``, a view (``buf.view(np.float32, (n, m))``, ``buf[a:b]``) as its dtype and shape, for
+bool, every integer and float type (float16 included), complex64/128, and bfloat16 (DLPack only:
+the CUDA Array Interface has no type string for it). Synchronisation:
+- ``__cuda_array_interface__`` (v3) names in ``stream`` the lane of the pending writer of the
+  exported bytes, if any (several writers on several lanes are first joined on one), so that a
+  consumer that honours it waits for that write on the device;
 - ``__dlpack__(stream=s)`` makes the consumer's stream ``s`` wait, on the device, for the pending
-  work that writes or reads the buffer.
-The export keeps the Buffer allocated until the consumer lets go of it (DLPack deleter) or, for
+  work that writes or reads the exported bytes.
+The export keeps the allocation alive until the consumer lets go of it (DLPack deleter) or, for
 ``__cuda_array_interface__``, for as long as the caller keeps the Buffer. Work the consumer then
 queues is invisible to aiogpu's ordering: await what it needs before handing a Buffer back.
 
-Foreign arrays in copies must be C-contiguous device memory of this runtime's GPUs. Their
-``stream`` (CAI v3) is waited on, on the device, before the copy; without one, aiogpu waits on
-the legacy default stream (where torch and CuPy queue work by default). The copy's future keeps
-the foreign array alive; await it before using the array again in the other library.
+Foreign arrays (anything with ``__cuda_array_interface__``: torch tensors, CuPy arrays) must be
+C-contiguous device memory of this runtime's GPUs, and on the launching device for ``launch``.
+They are used in place (zero-copy) and ordered among aiogpu operations by their address range.
+Against the other library: the copy or launch waits, on the device, for the work queued so far on
+the array's CAI ``stream`` (v3); without one, on the legacy default stream (where torch and CuPy
+queue work by default). Work the other library queues later, or on other streams, is not
+ordered: the operation's future keeps the array alive; await it before using the array again in
+the other library.
 """
 from __future__ import annotations
 
@@ -23,14 +31,23 @@ from typing import Any
 
 import numpy as np
 
+from .. import ordering
 from ..deferred import real
 from ..memory import Buffer
 from . import driver as D
 from .driver import cu
 
 KDL_CUDA = 2
-KDL_UINT = 1
 LEGACY_STREAM = 1
+# DLPack type codes by NumPy kind (kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool; kDLBfloat = 4)
+_DL_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+KDL_BFLOAT = 4
+
+
+def dl_dtype(dtype: np.dtype) -> tuple[int, int]:
+    """(DLPack type code, bits) of a numeric dtype."""
+    code = KDL_BFLOAT if dtype.name == "bfloat16" else _DL_CODES[dtype.kind]
+    return code, dtype.itemsize * 8
 
 
 # -- foreign arrays -------------------------------------------------------------------------------
@@ -38,9 +55,17 @@ def is_foreign(obj: Any) -> bool:
     return not isinstance(obj, (Buffer, np.ndarray)) and hasattr(type(obj), "__cuda_array_interface__")
 
 
-def foreign_info(rt: Any, obj: Any, name: str) -> tuple[int, int, Any, int | None]:
+def copy_streams(op: Any) -> list:
+    """The foreign streams a copy's sides name (other libraries' arrays)."""
+    return [s.stream for s in (op.dst, op.src) if s.stream is not None] if op is not None else []
+
+
+def foreign_info(rt: Any, obj: Any, what: str, write: bool) -> tuple[int, int, Any, int | None]:
     """(pointer, nbytes, device, stream to wait on) of a CUDA array; ValueError if unusable."""
-    cai = obj.__cuda_array_interface__
+    try:
+        cai = obj.__cuda_array_interface__
+    except (AttributeError, TypeError, ValueError) as exc:     # e.g. a torch tensor on the CPU
+        raise TypeError(f"{what}: the {type(obj).__name__} is not a CUDA array ({exc})") from None
     shape = tuple(cai["shape"])
     itemsize = np.dtype(cai["typestr"]).itemsize
     nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize if shape else itemsize
@@ -51,15 +76,15 @@ def foreign_info(rt: Any, obj: Any, name: str) -> tuple[int, int, Any, int | Non
             expect.append(acc)
             acc *= extent
         if tuple(reversed(expect)) != tuple(strides) and nbytes:
-            raise ValueError(f"copy {name}: the CUDA array must be C-contiguous")
+            raise ValueError(f"{what}: the CUDA array must be C-contiguous")
     if nbytes == 0:
-        raise ValueError(f"copy {name}: the array is empty")
+        raise ValueError(f"{what}: the array is empty")
     ptr = int(cai["data"][0])
-    if name == "dst" and cai["data"][1]:
-        raise ValueError("copy dst: the CUDA array is read-only")
+    if write and cai["data"][1]:
+        raise ValueError(f"{what}: the CUDA array is read-only")
     err, ordinal = cu.cuPointerGetAttribute(cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
     if err != 0 or not 0 <= int(ordinal) < len(rt.devices):
-        raise ValueError(f"copy {name}: {type(obj).__name__} is not device memory of this runtime's GPUs")
+        raise ValueError(f"{what}: {type(obj).__name__} is not device memory of this runtime's GPUs")
     stream = cai.get("stream", LEGACY_STREAM) if cai.get("version", 0) >= 3 else LEGACY_STREAM
     return ptr, nbytes, rt.devices[int(ordinal)], stream
 
@@ -68,25 +93,39 @@ def foreign_info(rt: Any, obj: Any, name: str) -> tuple[int, int, Any, int | Non
 def _submitted(f: Any) -> Any:
     """The device work behind ``f`` (a deferred launch's submitted work); BufferError while it
     still waits for its kernel's compile (nothing on the device to wait for yet)."""
-    got = real(f) if f is not None else None
-    if f is not None and got is None:
+    got = real(f)
+    if got is None:
         raise BufferError(f"{f!r} waits for its kernel's compile: await it (or dev.load(kernel)) "
                           f"before handing the buffer to another library")
     return got
 
 
-def _pending_writer(buf: Buffer) -> Any:
-    w = _submitted(buf.last_write)
-    return w if w is not None and not w.retired and getattr(w, "lane", None) is not None else None
+def _writer_lane(buf: Buffer) -> Any:
+    """The lane whose stream orders a consumer after the pending writers of ``buf``'s bytes
+    (under the lock): the writer's, or a join's when several lanes wrote; None when none."""
+    writers = [w for w in map(_submitted, ordering.touching(buf)[0]) if getattr(w, "lane", None) is not None]
+    if not writers:
+        return None
+    if len({id(w.lane) for w in writers}) == 1:
+        return writers[-1].lane
+    rt = buf.device.runtime
+    return rt._submit_join(buf.device, writers, {w: False for w in writers}).lane
+
+
+def typestr(dtype: np.dtype) -> str:
+    """The CUDA Array Interface type string of a numeric dtype (BufferError for bfloat16)."""
+    if dtype.kind not in "biufc":
+        raise BufferError(f"the CUDA Array Interface has no type string for {dtype}; use DLPack")
+    return dtype.str
 
 
 def cuda_array_interface(buf: Buffer) -> dict:
     buf.check_usable()
+    ts = typestr(buf.dtype)
     with buf.device.runtime.lock:
-        writer = _pending_writer(buf)
-        stream = writer.lane.handle if writer is not None else None
-    return {"shape": (buf.nbytes,), "typestr": "|u1", "data": (buf.address, False),
-            "strides": None, "version": 3, "stream": stream}
+        lane = _writer_lane(buf)
+    return {"shape": tuple(buf.shape), "typestr": ts, "data": (buf.address, False),
+            "strides": None, "version": 3, "stream": lane.handle if lane is not None else None}
 
 
 # -- DLPack --------------------------------------------------------------------------------------
@@ -121,7 +160,7 @@ def _delete(address: int) -> None:
     if entry is not None:
         buf = entry[2]
         with buf.device.runtime.lock:
-            buf.unuse()
+            buf.root.unuse()
 
 
 _PyCapsule_New = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
@@ -147,39 +186,46 @@ _DESTRUCTOR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
 
 def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
               copy: Any = None) -> Any:
-    """A DLPack capsule of ``buf`` (uint8, shape (nbytes,)) for the consumer's ``stream``."""
+    """A DLPack capsule of ``buf`` (its dtype and shape, C order) for the consumer's ``stream``."""
     buf.check_usable()
     if copy:
         raise BufferError("aiogpu Buffers are exported without copying (copy=True is not supported)")
     if dl_device is not None and tuple(dl_device) != (KDL_CUDA, buf.device.index):
         raise BufferError(f"{buf!r} lives on CUDA device {buf.device.index}, not {tuple(dl_device)}")
+    code, bits = dl_dtype(buf.dtype)
     rt = buf.device.runtime
     with rt.lock:
         if stream != -1:
-            consumer = LEGACY_STREAM if stream is None else int(stream)
-            pending = [f for f in map(_submitted, [buf.last_write, *buf.reads])
-                       if f is not None and not f.done() and getattr(f, "lane", None) is not None]
-            if pending:
-                buf.device.make_current()
-                target = cu.CUstream(consumer)
-                for f in pending:
-                    if f.event is not None:
-                        D.check(cu.cuStreamWaitEvent(target, f.event, 0), "cuStreamWaitEvent (DLPack)")
-                    else:
-                        D.check(cu.cuStreamWaitValue64(target, f.lane.dptr, f.ticket, D.WAIT_GEQ),
-                                "cuStreamWaitValue64 (DLPack)")
-        shape = (ctypes.c_int64 * 1)(buf.nbytes)
+            _consumer_waits(buf, LEGACY_STREAM if stream is None else int(stream))
+        shape = (ctypes.c_int64 * buf.ndim)(*buf.shape)
         managed = DLManagedTensor()
         t = managed.dl_tensor
         t.data = buf.address
         t.device = DLDevice(KDL_CUDA, buf.device.index)
-        t.ndim = 1
-        t.dtype = DLDataType(KDL_UINT, 8, 1)
+        t.ndim = buf.ndim
+        t.dtype = DLDataType(code, bits, 1)
         t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
-        t.strides = None
+        t.strides = None             # compact, row-major
         t.byte_offset = 0
         managed.deleter = _delete
         address = ctypes.addressof(managed)
         _exports[address] = (managed, shape, buf)
-        buf.users += 1
+        buf.root.users += 1
     return _PyCapsule_New(address, _NAME, _DESTRUCTOR)
+
+
+def _consumer_waits(buf: Buffer, consumer: int) -> None:
+    """Make the consumer's stream wait, on the device, for the pending work on ``buf``'s bytes."""
+    writers, readers = ordering.touching(buf)
+    pending: list[Any] = [f for f in map(_submitted, [*writers, *readers])
+                          if not f.done() and getattr(f, "lane", None) is not None]
+    if not pending:
+        return
+    buf.device.make_current()
+    target = cu.CUstream(consumer)
+    for f in pending:
+        if f.event is not None:
+            D.check(cu.cuStreamWaitEvent(target, f.event, 0), "cuStreamWaitEvent (DLPack)")
+        else:
+            D.check(cu.cuStreamWaitValue64(target, f.lane.dptr, f.ticket, D.WAIT_GEQ),
+                    "cuStreamWaitValue64 (DLPack)")

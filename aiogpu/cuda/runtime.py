@@ -179,10 +179,10 @@ class CudaRuntime(Runtime):
         foreign.wait_on(self, fut, obj, device)
 
     # -- hooks: copies ---------------------------------------------------------------------------
-    def _foreign(self, side: Any, name: str) -> tuple | None:
-        if not interop.is_foreign(side):
+    def _foreign(self, obj: Any, what: str, write: bool) -> tuple | None:
+        if not interop.is_foreign(obj):
             return None
-        return interop.foreign_info(self, side, name)
+        return interop.foreign_info(self, obj, what, write)
 
     def _shader_can_copy(self, op: CopyOp) -> bool:
         """A shader reaches peer memory only over an enabled peer mapping."""
@@ -229,7 +229,7 @@ class CudaRuntime(Runtime):
         else:
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
             copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
-        enqueue = self.with_foreign_waits(device, op, copy)
+        enqueue = self.with_foreign_waits(device, interop.copy_streams(op), copy)
         return self.submit(device, lane, op.label, deps, enqueue, [op.src.state], [op.dst.state], op.keep,
                            op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging)
 
@@ -247,9 +247,10 @@ class CudaRuntime(Runtime):
                     return lane
         return {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[direction]
 
-    def with_foreign_waits(self, device: CudaDevice, op: CopyOp | None, enqueue: Any) -> Any:
-        """Order a copy after the work another library queued on its own streams."""
-        streams = [s.stream for s in (op.dst, op.src) if s.stream is not None] if op is not None else []
+    def with_foreign_waits(self, device: CudaDevice, streams: Iterable, enqueue: Any) -> Any:
+        """Order a copy or launch after the work another library queued on ``streams`` (an
+        event recorded there, waited for on the device)."""
+        streams = list(streams)
         if not streams:
             return enqueue
 

@@ -71,10 +71,12 @@ class HsaDevice(Device):
 
     def _submit_kernel(self, loaded: LoadedKernel, label: str, grid: tuple, block: tuple, values: list,
                        lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None) -> GPUFuture:
+                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
+                       waits: Iterable = ()) -> GPUFuture:
         """One dispatch packet, after barrier-AND packets for dependencies on other queues and
         engines (the barrier bit for one on the same queue). Whatever can fail (packing the
-        arguments, their size) fails before the future exists."""
+        arguments, their size) fails before the future exists. (``waits`` is always empty here:
+        HSA takes no other library's arrays.)"""
         hub = self.runtime.hub
         queue = self.pick_lane(deps)
         kernarg = pack_args(loaded, values, lengths, grid, block)
