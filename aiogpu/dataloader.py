@@ -13,8 +13,9 @@ pass it as ``after=`` so that compute waits on the device, not on the host.
 
 Fresh host arrays (a new array every step, as real loaders make) are not pinned per batch:
 arrays of ``STAGE_MIN`` bytes and more are copied into the runtime's pinned memory off the event
-loop, in chunks over ``stage_threads`` worker threads (as PyTorch's ``pin_memory`` thread does),
-and uploaded from there; staging the next batch overlaps the upload of this one. Arrays the
+loop, in ``STAGE_CHUNK`` pieces over ``stage_threads`` worker threads (as PyTorch's
+``pin_memory`` thread does), each piece uploaded as soon as it is staged: staging overlaps the
+uploads, within a batch and across batches. Arrays the
 runtime can use in place go as they are: pinned memory (``Buffer.to_numpy`` results) and, on
 CUDA, arrays a cached registration covers; so do arrays the source hands out again (a source
 cycling through a few arrays: pinning each once where it is pays).
@@ -143,8 +144,7 @@ class Loader:
                 async for host in aiterate(self.source):
                     device = self.devices[index % len(self.devices)]
                     await self._slots[id(device)].acquire()
-                    host = await self._stage_structure(device, host)
-                    batch = self._upload(index, device, host)
+                    batch = await self._load(index, device, host)
                     if self.ordered:
                         await self._send.send(batch)
                     else:
@@ -158,9 +158,15 @@ class Loader:
             pass  # the consumer sees the failure when it uses batch.ready
         await self._send.send(batch)
 
-    def _upload(self, index: int, device: Any, host: Any) -> Batch:
+    async def _load(self, index: int, device: Any, host: Any) -> Batch:
+        """Take the batch's buffers and start its copies: arrays the runtime can copy from as
+        they are at once; fresh large arrays chunk by chunk, each chunk's upload submitted as
+        soon as a worker thread has staged it into pinned memory (staging the next chunks
+        overlaps the upload of this one)."""
+        rt = device.runtime
         buffers: list[Buffer] = []
         copies: list[GPUFuture] = []
+        fresh: list[tuple[Buffer, np.ndarray]] = []
 
         def put(arr: Any) -> Buffer:
             if not isinstance(arr, np.ndarray):
@@ -169,28 +175,37 @@ class Loader:
             arr = np.ascontiguousarray(arr)
             buf = self._take(device, arr.nbytes)
             buffers.append(buf)
-            copies.append(device.runtime.copy(buf, arr))
+            if self._fresh(rt, arr):
+                fresh.append((buf, arr))
+            else:
+                copies.append(self._started(rt.copy(buf, arr)))
             return buf
 
         data = _map_structure(put, host)
-        ready = copies[0] if len(copies) == 1 else device.runtime.gather(copies)
-        self._inflight = [f for f in self._inflight if not f.done()] + [ready]
+        for buf, arr in fresh:
+            copies.extend(await self._stage_upload(rt, buf, arr))
+        ready = copies[0] if len(copies) == 1 else rt.gather(copies)
         self.batches += 1
         return Batch(self, index, device, data, buffers, ready)
 
-    async def _stage_structure(self, device: Any, host: Any) -> Any:
-        """``host`` with its large arrays replaced by copies in pinned memory (made off the loop)."""
-        arrays: list[Any] = []
-        _map_structure(arrays.append, host)
-        staged: dict[int, np.ndarray] = {}
-        for arr in arrays:
-            if isinstance(arr, np.ndarray) and arr.nbytes >= STAGE_MIN and id(arr) not in staged:
-                key, seen = id(arr), self._seen.get(id(arr))
-                if seen is not None and seen() is arr:   # a source reusing its arrays: pinning
-                    continue                             # them once where they are pays
-                self._seen[key] = weakref.ref(arr, self._forget)
-                staged[id(arr)] = await self._stage(device.runtime, arr)
-        return _map_structure(lambda a: staged.get(id(a), a), host) if staged else host
+    def _started(self, fut: GPUFuture) -> GPUFuture:
+        """Remember ``fut`` until done: leaving the loader waits for every copy it started."""
+        if len(self._inflight) > 256:
+            self._inflight = [f for f in self._inflight if not f.done()]
+        self._inflight.append(fut)
+        return fut
+
+    def _fresh(self, rt: Any, arr: np.ndarray) -> bool:
+        """Whether ``arr`` is staged: large, numeric (the copy refuses the rest), not usable in
+        place (pinned memory), and not handed out by the source before (a source cycling
+        through a few arrays: pinning each once where it is pays)."""
+        if arr.nbytes < STAGE_MIN or arr.dtype.kind not in "biufc" or rt.host_pinned(arr):
+            return False
+        key, seen = id(arr), self._seen.get(id(arr))
+        if seen is not None and seen() is arr:
+            return False
+        self._seen[key] = weakref.ref(arr, self._forget)
+        return True
 
     def _forget(self, ref: weakref.ref) -> None:
         """A staged array died: its id may name another array next."""
@@ -198,23 +213,24 @@ class Loader:
             if seen is ref:
                 del self._seen[key]
 
-    async def _stage(self, rt: Any, arr: np.ndarray) -> np.ndarray:
-        src = np.ascontiguousarray(arr)
-        flat = src.reshape(-1).view(np.uint8) if src.dtype.kind in "biufc" else None
-        if flat is None or rt.host_pinned(src):
-            return arr          # not numeric (the copy refuses it), or usable in place already
+    async def _stage_upload(self, rt: Any, buf: Buffer, arr: np.ndarray) -> list[GPUFuture]:
+        """Copy ``arr`` into pinned memory in ``STAGE_CHUNK`` pieces on ``stage_threads`` worker
+        threads, submitting each piece's upload into ``buf`` as soon as it is staged."""
+        flat = arr.reshape(-1).view(np.uint8)
         with rt.lock:
-            out = rt.pinned.empty(src.nbytes, np.uint8)
-        bounds = list(range(0, src.nbytes, STAGE_CHUNK)) + [src.nbytes]
+            staging = rt.pinned.empty(arr.nbytes, np.uint8)
+        uploads: list[GPUFuture] = []
 
-        async def part(lo: int, hi: int) -> None:
-            await anyio.to_thread.run_sync(np.copyto, out[lo:hi], flat[lo:hi], limiter=self._stagers)
+        async def piece(lo: int, hi: int) -> None:
+            await anyio.to_thread.run_sync(np.copyto, staging[lo:hi], flat[lo:hi], limiter=self._stagers)
+            uploads.append(self._started(rt.copy(buf[lo:hi], staging[lo:hi])))
 
+        bounds = list(range(0, arr.nbytes, STAGE_CHUNK)) + [arr.nbytes]
         async with anyio.create_task_group() as tg:
             for lo, hi in zip(bounds, bounds[1:]):
-                tg.start_soon(part, lo, hi)
-        self.staged_bytes += src.nbytes
-        return out.view(src.dtype).reshape(src.shape)
+                tg.start_soon(piece, lo, hi)
+        self.staged_bytes += arr.nbytes
+        return uploads
 
     def _take(self, device: Any, nbytes: int) -> Buffer:
         # The buffer released longest ago: its consumer's work is the likeliest to be done, so

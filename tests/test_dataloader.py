@@ -158,3 +158,33 @@ async def test_arrays_a_source_hands_out_again_are_staged_once(any_rt):
             b.release()
         staged = loader.staged_bytes
     assert staged == sum(a.nbytes for a in arrays)
+
+
+@pytest.mark.asyncio
+async def test_a_fresh_array_is_uploaded_piece_by_piece_as_it_is_staged(any_rt, monkeypatch):
+    """Each staged piece has its own upload, submitted when the piece is staged (staging the
+    rest overlaps it); the batch's ``ready`` joins them all and the data arrive whole, also
+    into buffers recycled from earlier batches."""
+    from aiogpu import dataloader
+    monkeypatch.setattr(dataloader, "STAGE_CHUNK", 1 << 20)
+    started = dataloader.Loader._started
+    sizes: list[int] = []
+
+    def spy(self, fut):
+        sizes.append(fut.nbytes)
+        return started(self, fut)
+
+    monkeypatch.setattr(dataloader.Loader, "_started", spy)
+    devs = any_rt.devices
+    n = (3 << 20) // 4 + 7                                  # 4 pieces, the last one short
+    expect = [np.random.default_rng(10 + i).standard_normal(n).astype(np.float32) for i in range(5)]
+    got = []
+    async with aiogpu.Loader((e.copy() for e in expect), devs[:1], prefetch=1, stage_threads=2) as loader:
+        async for b in loader:
+            await b.ready
+            got.append(await b.data.to_numpy(np.float32))
+            b.release()
+        allocated = loader.allocated
+    assert sorted(sizes) == sorted([1 << 20] * 15 + [n * 4 - (3 << 20)] * 5) and allocated == 1
+    for g, e in zip(got, expect):
+        np.testing.assert_array_equal(g, e)
