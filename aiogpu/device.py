@@ -100,27 +100,45 @@ def check_args(device: "Device", kernel: Kernel, args: Sequence[Any]) -> tuple[l
     values, buffer lengths, {index: Buffer})."""
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
-    if len(args) != len(kernel.args):
+    plan = kernel.arg_plan
+    if len(args) != len(plan):
         raise TypeError(f"{kernel.name} takes {len(kernel.args)} arguments ({kernel.signature}), "
                         f"got {len(args)}")
-    values, lengths, buffers = [], [], {}
-    for i, (spec, value) in enumerate(zip(kernel.args, args)):
-        if spec.pointer:
-            if not isinstance(value, Buffer):
-                raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a Buffer, got "
-                                f"{type(value).__name__}")
-            value.check_usable()
-            if value.device is not device:
-                where = ("a buffer of another runtime" if value.device.runtime is not device.runtime
-                         else f"on {value.device.name}")
-                raise ValueError(f"{kernel.name} argument {i}: {value!r} is {where}, not on "
-                                 f"{device.name}; copy it with aiogpu.copy first")
+    values: list = []
+    lengths: list = []
+    buffers: dict[int, Buffer] = {}
+    closed = device.runtime.closed
+    for i, value in enumerate(args):
+        pointer, low, high = plan[i]
+        # The common cases in one test each (a buffer of this device, a plain int or float in
+        # range); anything else goes through the full check, which names what is wrong.
+        if pointer:
+            if type(value) is not Buffer or value.freed or closed or value.device is not device:
+                _check_pointer(device, kernel, i, value)
             values.append(value.address)
             lengths.append(value.nbytes)
             buffers[i] = value
+        elif low is not None and type(value) is int and low <= value <= high:
+            values.append(value)
+        elif low is None and type(value) is float and -high <= value <= high:
+            values.append(value)
         else:
-            values.append(check_scalar(kernel, i, spec, value))
+            values.append(check_scalar(kernel, i, kernel.args[i], value))
     return values, lengths, buffers
+
+
+def _check_pointer(device: "Device", kernel: Kernel, i: int, value: Any) -> None:
+    """A pointer argument must be a usable Buffer of ``device`` (TypeError/ValueError)."""
+    spec = kernel.args[i]
+    if not isinstance(value, Buffer):
+        raise TypeError(f"{kernel.name} argument {i} ({spec}) must be a Buffer, got "
+                        f"{type(value).__name__}")
+    value.check_usable()
+    if value.device is not device:
+        where = ("a buffer of another runtime" if value.device.runtime is not device.runtime
+                 else f"on {value.device.name}")
+        raise ValueError(f"{kernel.name} argument {i}: {value!r} is {where}, not on "
+                         f"{device.name}; copy it with aiogpu.copy first")
 
 
 class Device:
@@ -239,8 +257,8 @@ class Device:
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
         if buffers:
-            reads = [buffers[i] for i in kernel.reads if i in buffers]
-            writes = [buffers[i] for i in kernel.writes if i in buffers]
+            reads = [buffers[i] for i in kernel._reads if i in buffers]
+            writes = [buffers[i] for i in kernel._writes if i in buffers]
         else:
             reads = writes = []
         with rt.lock:
@@ -270,6 +288,8 @@ class Device:
     def pick_lane(self, deps: Iterable[GPUFuture]) -> Any:
         """The compute lane of the newest live dependency on this device (lane order then
         suffices for it), else the next compute lane round-robin, so independent work spreads."""
+        if not deps:
+            return self.compute[next(self._rr)]
         for fut in reversed(list(deps)):
             lane = getattr(fut, "lane", None)
             if lane is not None and not fut.retired and getattr(lane, "device", None) is self \

@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+import numpy as np
+
 from .signature import Arg, parse_signature
 
 
@@ -26,6 +28,11 @@ class Kernel:
         self.name = name or body.__name__
         self.signature = signature
         self.args: tuple[Arg, ...] = parse_signature(signature)
+        # Derived once (a launch reads them): pointer indices written / read, and the scalar
+        # bounds the launch-time argument check uses (see device.check_args).
+        self._writes = [i for i, a in enumerate(self.args) if a.pointer and not a.const]
+        self._reads = [i for i, a in enumerate(self.args) if a.pointer and not a.out]
+        self.arg_plan = tuple(_plan(a) for a in self.args)
         _check_arity(body, self.name, len(self.args))
         self.hsaco = hsaco
         self.cuda = cuda
@@ -38,12 +45,12 @@ class Kernel:
     @property
     def writes(self) -> list[int]:
         """Indices of the pointer arguments the kernel may write (not ``const``)."""
-        return [i for i, a in enumerate(self.args) if a.pointer and not a.const]
+        return list(self._writes)
 
     @property
     def reads(self) -> list[int]:
         """Indices of the pointer arguments the kernel may read (not ``out``)."""
-        return [i for i, a in enumerate(self.args) if a.pointer and not a.out]
+        return list(self._reads)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the reference body directly (on NumPy arrays), e.g. as a test oracle."""
@@ -51,6 +58,17 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name}({self.signature})>"
+
+
+def _plan(arg: Arg) -> tuple[bool, Any, Any]:
+    """(pointer, low, high) of one argument: an integer's range, a float's finite limit (low None)."""
+    if arg.pointer:
+        return True, None, None
+    dt = arg.dtype
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return False, int(info.min), int(info.max)
+    return False, None, float(np.finfo(dt).max)
 
 
 def _check_arity(body: Callable, name: str, count: int) -> None:

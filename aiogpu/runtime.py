@@ -30,6 +30,7 @@ Hooks a backend implements (called under the lock unless said otherwise):
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import importlib
 import os
@@ -267,30 +268,29 @@ class Runtime:
         """Bookkeeping once ``fut`` is submitted: it becomes the last writer of ``writes`` and a
         reader of ``reads``; buffers count it as a user; ``keep`` stays alive and ``cleanup``
         runs when it has retired (under the lock)."""
-        reads, writes = list(reads), list(writes)
+        if not isinstance(reads, list):
+            reads = list(reads)
+        if not isinstance(writes, list):
+            writes = list(writes)
         ordering.record(fut, reads, writes, deps)
-        used = {id(s): s for s in (*reads, *writes)}.values()
-        bufs = [s for s in used if isinstance(s, Buffer)]
-        hosts = [s for s in used if isinstance(s, ordering.HostRange)]
+        bufs: list[Buffer] = []
+        hosts: list[ordering.HostRange] = []
+        for group in (reads, writes):
+            for s in group:
+                if isinstance(s, Buffer):
+                    if not ordering._contains(bufs, s):
+                        bufs.append(s)
+                elif isinstance(s, ordering.HostRange) and not ordering._contains(hosts, s):
+                    hosts.append(s)
         for buf in bufs:
             buf.users += 1
-        fut.keep.extend(bufs)
-        fut.keep.extend(keep)
-        cleanup = list(cleanup)
-        if not (bufs or hosts or cleanup):
-            return
-        hazards = self.hazards
-
-        def retired() -> None:
-            for fn in cleanup:
-                fn()
-            for buf in bufs:
-                buf.unuse()
-                ordering.prune(buf)        # finished work (and its results) is not kept alive
-            for state in hosts:
-                hazards.prune_host(state)
-
-        fut._cleanup.append(retired)
+        if bufs:
+            fut.keep.extend(bufs)
+        if keep:
+            fut.keep.extend(keep)
+        cleanup = list(cleanup) if cleanup else []
+        if bufs or hosts or cleanup:
+            fut._cleanup.append(functools.partial(_retired, self.hazards, cleanup, bufs, hosts))
 
     # -- copies --------------------------------------------------------------------------------
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:
@@ -590,6 +590,18 @@ def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], boo
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     if not ok(float(value)):          # (NaN fails every comparison)
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
+
+
+def _retired(hazards: ordering.Hazards, cleanup: list, bufs: list, hosts: list) -> None:
+    """What ``track`` runs once an operation retired: its cleanup, then the buffers and host
+    ranges it used let go of it."""
+    for fn in cleanup:
+        fn()
+    for buf in bufs:
+        buf.unuse()
+        ordering.prune(buf)        # finished work (and its results) is not kept alive
+    for state in hosts:
+        hazards.prune_host(state)
 
 
 def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:
