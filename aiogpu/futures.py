@@ -159,7 +159,10 @@ class GPUFuture:
                 # in flight parks them all (the waiter wakes each loop once per batch), so the
                 # loop never busy-polls while other tasks wait for the GPU too.
                 if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
-                    yield from hub.spin_await(self)
+                    if (yield from hub.spin_await(self)):
+                        # The device completed it (read without the lock): the waiter settles
+                        # and retires it at its next scan, off this loop.
+                        return self.value
                 if self._state == PENDING:
                     hub.arm(self)
                     yield from port.wait(lambda a: self._register(port, a),
@@ -294,8 +297,11 @@ class FutureHub:
         """``fut`` is about to be waited for off the loop: make sure a wake-up follows it."""
 
     def spin_await(self, fut: GPUFuture):
-        """What an asyncio ``await`` does before parking (a generator; default: ``spin``)."""
+        """What an asyncio ``await`` does before parking (a generator; default: ``spin``). It
+        returns True when it saw the work complete successfully on the device but left settling
+        the future to the waiter (the awaiter then returns ``fut.value``)."""
         yield from self.spin(fut)
+        return False
 
     def parked_done(self, fut: GPUFuture) -> None:
         """A parked await of ``fut`` was woken (backends learn from it)."""

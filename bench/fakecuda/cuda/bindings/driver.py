@@ -155,7 +155,10 @@ def cuMemsetD32Async(ptr, word, count, stream):
     return (CUresult.CUDA_SUCCESS,)
 
 
-def cuMemAlloc(size): return (CUresult.CUDA_SUCCESS, CUdeviceptr(_alloc(size)))
+def cuMemAlloc(size):
+    if size > 1 << 33:
+        return (CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+    return (CUresult.CUDA_SUCCESS, CUdeviceptr(_alloc(size)))
 def cuMemFree(p): _mem.pop(int(p), None); return (CUresult.CUDA_SUCCESS,)
 def cuMemGetInfo(): return (CUresult.CUDA_SUCCESS, 1 << 34, 1 << 34)
 def cuMemHostAlloc(size, flags): return (CUresult.CUDA_SUCCESS, _alloc(size))
