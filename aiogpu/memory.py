@@ -237,12 +237,11 @@ class Buffer:
         dtype = host_dtype(dtype, "to_numpy")
         if self.nbytes % dtype.itemsize:
             raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
-        out = np.empty(self.nbytes // dtype.itemsize, dtype=dtype)
         rt = self.device.runtime
         rt.check_open()
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
             out = rt.pinned.empty(self.nbytes, dtype)
-        fut = rt.copy(out, self)
+            fut = rt.copy(out, self)     # (in the same section: one Ctrl-C hold, not two)
         fut.value = out
         return fut
 

@@ -138,6 +138,13 @@ class CopyOp:
     cleanup: list = field(default_factory=list)       # run when the copy has retired
     on_complete: list | None = None                   # host steps before it completes
     staging: Any = None                               # a bounce buffer the backend used
+    staged: bool = False                              # the host source was copied at submission
+
+    @property
+    def reads(self) -> list:
+        """The ordering states the copy reads: none once its host source was staged (the
+        caller's array is not read after submission, so later writers of it need not wait)."""
+        return [] if self.staged else [self.src.state]
 
 
 class Runtime:
@@ -323,7 +330,7 @@ class Runtime:
             if fut is None:
                 dev, n = op.device, op.nbytes
                 fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
-                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state],
+                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
                                          [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
         except BaseException:
             for fn in op.cleanup:
@@ -346,6 +353,7 @@ class Runtime:
                 address, src.ptr, release = self.pinned.block(op.nbytes)
                 ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
                 op.cleanup.append(release)
+                op.staged = True
 
     def _check_copy(self, dst: Any, src: Any) -> int:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""

@@ -220,7 +220,7 @@ class CudaRuntime(Runtime):
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
             copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
         enqueue = self.with_foreign_waits(device, op, copy)
-        return self.submit(device, lane, op.label, deps, enqueue, [op.src.state], [op.dst.state], op.keep,
+        return self.submit(device, lane, op.label, deps, enqueue, op.reads, [op.dst.state], op.keep,
                            op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging)
 
     @staticmethod
