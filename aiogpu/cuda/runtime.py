@@ -153,7 +153,7 @@ class CudaRuntime(Runtime):
                 if dep.retired:
                     continue
                 if semantic:
-                    dep._dependents.append(fut)
+                    dep.add_dependent(fut)
                 if dep._state == PENDING and (getattr(dep, "on_complete", None) or getattr(dep, "host_deps", None)):
                     # Work with host-side completion steps (bounced device-to-host copies): they
                     # run before this future completes, so that its result includes them.
