@@ -138,7 +138,9 @@ class CudaHub(FutureHub):
         lane = fut.lane
         if lane is None or lane.armed >= fut.ticket:
             return
-        with self.lock:
+        # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
+        # leaves ``armed`` behind, and the next arm queues one more wake-up.
+        with self.lock.raw:
             if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
                 return
             err = D.launch_host_func(lane.stream, D.SEM_POST, self.sem.address)
