@@ -112,7 +112,7 @@ def cuda_available() -> tuple[bool, str]:
         return False, exc.reason
 
 
-@dataclass
+@dataclass(slots=True)
 class CopySide:
     """One side of a copy: a device buffer, a host array, or a foreign device array."""
 
@@ -124,7 +124,7 @@ class CopySide:
     stream: Any = None         # a foreign array's stream to order after, if any
 
 
-@dataclass
+@dataclass(slots=True)
 class CopyOp:
     """A copy being submitted: its sides, route, and what runs when it retires."""
 

@@ -302,12 +302,19 @@ class CudaHub(FutureHub):
         if len(completed) > 1:
             completed.sort(key=lambda kf: kf[0])
         # In slices, each under its own short hold of the lock: the loop thread submitting
-        # meanwhile waits for one slice at most, not for the whole batch.
-        for at in range(0, max(len(completed), 1), SETTLE_SLICE):
-            self._settle_slice(completed[at:at + SETTLE_SLICE], last=at + SETTLE_SLICE >= len(completed))
-
-    def _settle_slice(self, completed: list, last: bool) -> None:
+        # meanwhile waits for one slice at most, not for the whole batch. The awaiters still
+        # reach each loop in one batch (one thread-safe call per wake-up).
         posts: dict = {}
+        for at in range(0, max(len(completed), 1), SETTLE_SLICE):
+            if at:
+                # Let go of the GIL between slices: a loop thread that blocked on the lock
+                # during the last slice takes it now, rather than finding the lock held again
+                # each time the interpreter switches to it (a lock convoy).
+                time.sleep(0)
+            self._settle_slice(completed[at:at + SETTLE_SLICE], posts, last=at + SETTLE_SLICE >= len(completed))
+        self._post(posts)
+
+    def _settle_slice(self, completed: list, posts: dict, last: bool) -> None:
         with self.lock:
             for key, fut in completed:
                 if self._pending.get(key) is not fut:
@@ -330,7 +337,6 @@ class CudaHub(FutureHub):
                     self._retire(fut)
             if last and self.watchdog_s is not None:
                 self._check_watchdog(posts)
-        self._post(posts)
 
     # -- the waiter thread -----------------------------------------------------------------------
     def _guard(self) -> float:
