@@ -223,7 +223,7 @@ class Device:
         with rt.lock:
             rt.check_open()
             address, _ = self.memory.alloc(int(nbytes))
-        return Buffer(self, address, int(nbytes), _release_to(rt, self.memory))
+        return Buffer(self, address, int(nbytes), self.memory.give_back)
 
     def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
         """The error a raw allocator raises when the device has no room for ``size`` bytes."""
@@ -296,11 +296,3 @@ class Device:
                     and getattr(lane, "kind", "") == "compute":
                 return lane
         return self.compute[next(self._rr)]
-
-
-def _release_to(rt: Any, memory: DeviceMemory) -> Any:
-    def release(address: int) -> None:
-        with rt.lock:
-            if not rt.closed:
-                memory.free(address)
-    return release

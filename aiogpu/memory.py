@@ -8,6 +8,7 @@ pending GPU work uses it.
 """
 from __future__ import annotations
 
+import collections
 import weakref
 from typing import Any, Callable
 
@@ -101,9 +102,27 @@ class DeviceMemory:
         self.cached_bytes = 0
         self.small = BuddyAllocator(lambda: self._aligned(BLOCK), self._release)
         self.large: dict[int, int] = {}   # address -> size
+        # Addresses of buffers let go of, from any thread (see ``give_back``), freed by ``drain``.
+        self.returned: collections.deque[int] = collections.deque()
+        self.destroyed = False
+
+    def give_back(self, address: int) -> None:
+        """A buffer's memory is no longer used. Safe from any thread and never blocks: a garbage
+        collection runs buffer finalizers in whatever thread it interrupts, possibly one that
+        the holder of the runtime lock waits for (a deadlock if this took the lock). Freed at
+        the next ``drain``, which the lock's holders call."""
+        self.returned.append(address)
+
+    def drain(self) -> None:
+        """Free what ``give_back`` collected (under the runtime lock)."""
+        returned = self.returned
+        while returned and not self.destroyed:
+            self.free(returned.popleft())
 
     def alloc(self, nbytes: int) -> tuple[int, int]:
         """(address, capacity) of ``nbytes`` of device memory."""
+        if self.returned:
+            self.drain()
         if nbytes <= SMALL_LIMIT:
             addr = self.small.alloc(nbytes)
             return addr, 1 << self.small.order_for(nbytes)
@@ -152,6 +171,7 @@ class DeviceMemory:
 
     def trim(self) -> int:
         """Give every cached free block back to the driver; returns the bytes given back."""
+        self.drain()
         freed = self.cached_bytes
         for blocks in self._cache.values():
             for addr in blocks:
@@ -163,6 +183,8 @@ class DeviceMemory:
 
     def destroy(self) -> None:
         """Give every block back (the runtime is closing; no buffer is usable any more)."""
+        self.destroyed = True
+        self.returned.clear()
         self.trim()
         for addr in list(self._sizes):
             del self._sizes[addr]
@@ -221,12 +243,14 @@ class Buffer:
             self.freed = True
             if self.users == 0:
                 self._finalizer()
+                self.device.memory.drain()
 
     def unuse(self) -> None:
         """One operation using this buffer retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
             self._finalizer()
+            self.device.memory.drain()
 
     def to_numpy(self, dtype: Any = np.uint8) -> Any:
         """A GPUFuture whose result is a new NumPy array holding a copy of the buffer.

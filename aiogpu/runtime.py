@@ -505,6 +505,9 @@ class Runtime:
         work is pending and no buffer is held."""
         self.hub.poll()
         with self.lock:
+            if not self.closed:
+                for d in self.devices:
+                    d.memory.drain()      # buffers dropped since (by a collection, say)
             out = {key: 0 for key in LEAK_KEYS}
             out.update(pending=self.hub.pending_count, host_ranges=self.hazards.host_ranges,
                        small_allocations=sum(d.memory.small.used for d in self.devices),

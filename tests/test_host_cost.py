@@ -252,3 +252,24 @@ def test_cuda_host_paths_on_the_fake_driver():
     proc = subprocess.run([sys.executable, "-c", FAKE_CUDA_SCRIPT], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+
+
+def test_a_buffer_dropped_in_another_thread_never_waits_for_the_lock(any_rt):
+    """A buffer's memory goes back from whatever thread drops its last reference (a garbage
+    collection runs finalizers in any thread, even one that the lock's holder waits for, as the
+    emulator's engine threads at their start): that must never wait for the runtime lock. The
+    memory is reused by the next allocation."""
+    import threading
+
+    d0 = any_rt.devices[0]
+    box = [d0.alloc(4096)]
+    address = box[0].address
+    dropper = threading.Thread(target=box.clear)     # the finalizer runs in that thread
+    with any_rt.lock:
+        dropper.start()
+        dropper.join(5)
+        assert not dropper.is_alive(), "a buffer's finalizer waited for the runtime lock"
+    again = d0.alloc(4096)
+    assert again.address == address                  # given back, and reused
+    again.free()
+    assert any_rt.stats()["small_allocations"] == 0
