@@ -28,11 +28,7 @@ class Kernel:
         self.name = name or body.__name__
         self.signature = signature
         self.args: tuple[Arg, ...] = parse_signature(signature)
-        # Derived once (a launch reads them): pointer indices written / read, and the scalar
-        # bounds the launch-time argument check uses (see device.check_args).
-        self._writes = [i for i, a in enumerate(self.args) if a.pointer and not a.const]
-        self._reads = [i for i, a in enumerate(self.args) if a.pointer and not a.out]
-        self.arg_plan = tuple(_plan(a) for a in self.args)
+        self._derive()
         _check_arity(body, self.name, len(self.args))
         self.hsaco = hsaco
         self.cuda = cuda
@@ -41,6 +37,19 @@ class Kernel:
         # own keys: kept on the kernel so that they live as long as it does.
         self.artifacts: dict[Any, Any] = {}
         self.__doc__ = body.__doc__
+
+    def _derive(self) -> None:
+        """What a launch reads of the signature, derived once: the pointer indices written and
+        read, and the scalar bounds of the launch-time argument check (see device.check_args)."""
+        self._writes = [i for i, a in enumerate(self.args) if a.pointer and not a.const]
+        self._reads = [i for i, a in enumerate(self.args) if a.pointer and not a.out]
+        self.arg_plan = tuple(_plan(a) for a in self.args)
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled (Ray ships kernels to its workers): derive again, also from a kernel
+        # pickled by a version of aiogpu that did not store these.
+        self.__dict__.update(state)
+        self._derive()
 
     @property
     def writes(self) -> list[int]:
