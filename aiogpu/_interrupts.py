@@ -21,6 +21,7 @@ from types import FrameType, TracebackType
 from typing import Any, Callable
 
 SIGINT = _signal.SIGINT
+_getsignal, _setsignal, _get_ident = _signal.getsignal, _signal.signal, threading.get_ident
 _MAIN = threading.main_thread().ident
 _arrived = False
 
@@ -71,9 +72,13 @@ class InterruptSafeLock:
         self._previous: Callable | None = None
 
     def __enter__(self) -> "InterruptSafeLock":
-        if threading.get_ident() == _MAIN:
+        if _get_ident() == _MAIN:
             if self._depth == 0:
-                self._previous = hold()   # before acquiring: a Ctrl-C cannot leave it acquired
+                # ``hold()`` inlined: this runs once per operation submitted.
+                current = _getsignal(SIGINT)
+                if current is not _record and callable(current):
+                    _setsignal(SIGINT, _record)   # before acquiring: a Ctrl-C cannot leave it acquired
+                    self._previous = current
             self._depth += 1
             try:
                 self.raw.acquire()
@@ -87,7 +92,7 @@ class InterruptSafeLock:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.raw.release()
-        if threading.get_ident() == _MAIN:
+        if _get_ident() == _MAIN:
             self._leave()
 
     def _leave(self) -> None:

@@ -157,9 +157,14 @@ _trio_ports: dict[Any, TrioPort] = {}
 def _in_trio() -> Any:
     """The current trio run's token, or None. Reads ``trio.lowlevel`` only once trio is fully
     imported: while another thread imports it, ``sys.modules["trio"]`` is half-built (and no
-    trio run can exist yet)."""
-    trio = sys.modules.get("trio")
-    current = getattr(getattr(trio, "lowlevel", None), "current_trio_token", None)
+    trio run can exist yet). ``in_trio_run`` (trio >= 0.23) answers "no" without raising."""
+    lowlevel = getattr(sys.modules.get("trio"), "lowlevel", None)
+    if lowlevel is None:
+        return None
+    in_run = getattr(lowlevel, "in_trio_run", None)
+    if in_run is not None and not in_run():
+        return None
+    current = getattr(lowlevel, "current_trio_token", None)
     if current is None:
         return None
     try:
@@ -168,8 +173,13 @@ def _in_trio() -> Any:
         return None
 
 
+# The port of the loop asked about last: a service asks for the same loop again and again.
+_last_port: AsyncioPort | None = None
+
+
 def current_port() -> AsyncioPort | TrioPort | None:
     """The port of the running event loop, or None in plain synchronous code."""
+    global _last_port
     token = _in_trio()
     if token is not None:
         port = _trio_ports.get(token)
@@ -181,7 +191,11 @@ def current_port() -> AsyncioPort | TrioPort | None:
     loop = asyncio._get_running_loop()
     if loop is None:
         return None
+    last = _last_port
+    if last is not None and last._loop() is loop:     # (a weak reference: no loop kept alive)
+        return last
     asyncio_port = _asyncio_ports.get(loop)
     if asyncio_port is None:
         asyncio_port = _asyncio_ports[loop] = AsyncioPort(loop)
+    _last_port = asyncio_port
     return asyncio_port

@@ -205,7 +205,7 @@ def adopt(hub: Any, fut: Deferred, got: GPUFuture) -> None:
     if got.retired:
         hub._retire(fut)
     else:
-        got._on_retire.append(lambda: hub._retire(fut))
+        got.on_retired(lambda: hub._retire(fut))
 
 
 def _mirror(hub: Any, fut: Deferred, got: GPUFuture) -> None:

@@ -118,18 +118,31 @@ def check_args(device: "Device", kernel: Kernel, args: Sequence[Any]) -> tuple[l
     values, buffer lengths, {index: Buffer or Foreign})."""
     if not isinstance(args, (tuple, list)):
         raise TypeError(f"args must be a tuple, got {type(args).__name__}")
-    if len(args) != len(kernel.args):
+    plan = kernel.arg_plan
+    if len(args) != len(plan):
         raise TypeError(f"{kernel.name} takes {len(kernel.args)} arguments ({kernel.signature}), "
                         f"got {len(args)}")
-    values, lengths, buffers = [], [], {}
-    for i, (spec, value) in enumerate(zip(kernel.args, args)):
-        if spec.pointer:
-            arg = check_pointer(device, kernel, i, spec, value)
-            values.append(arg.address)
-            lengths.append(arg.nbytes)
-            buffers[i] = arg
+    values: list = []
+    lengths: list = []
+    buffers: dict[int, Any] = {}
+    closed = device.runtime.closed
+    for i, value in enumerate(args):
+        pointer, low, high = plan[i]
+        # The common cases in one test each (a whole raw buffer of this device, a plain int or
+        # float in range); anything else goes through the full check, which names what is wrong.
+        if pointer:
+            if (type(value) is not Buffer or value._base is not None or value.typed_dtype is not None
+                    or value.freed or closed or value.device is not device):
+                value = check_pointer(device, kernel, i, kernel.args[i], value)
+            values.append(value.address)
+            lengths.append(value.nbytes)
+            buffers[i] = value
+        elif low is not None and type(value) is int and low <= value <= high:
+            values.append(value)
+        elif low is None and type(value) is float and -high <= value <= high:
+            values.append(value)
         else:
-            values.append(check_scalar(kernel, i, spec, value))
+            values.append(check_scalar(kernel, i, kernel.args[i], value))
     return values, lengths, buffers
 
 
@@ -259,7 +272,7 @@ class Device:
         with rt.lock:
             rt.check_open()
             address, _ = self.memory.alloc(int(nbytes))
-        return Buffer(self, address, int(nbytes), _release_to(rt, self.memory))
+        return Buffer(self, address, int(nbytes), self.memory.give_back)
 
     def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
         """The error a raw allocator raises when the device has no room for ``size`` bytes."""
@@ -351,8 +364,8 @@ class Device:
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
         if buffers:
-            reads = [buffers[i] for i in kernel.reads if i in buffers]
-            writes = [buffers[i] for i in kernel.writes if i in buffers]
+            reads = [buffers[i] for i in kernel._reads if i in buffers]
+            writes = [buffers[i] for i in kernel._writes if i in buffers]
         else:
             reads = writes = []
         with rt.lock:
@@ -391,17 +404,11 @@ class Device:
     def pick_lane(self, deps: Iterable[GPUFuture]) -> Any:
         """The compute lane of the newest live dependency on this device (lane order then
         suffices for it), else the next compute lane round-robin, so independent work spreads."""
+        if not deps:
+            return self.compute[next(self._rr)]
         for fut in reversed(list(deps)):
             lane = getattr(fut, "lane", None)
             if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
                     and getattr(lane, "kind", "") == "compute":
                 return lane
         return self.compute[next(self._rr)]
-
-
-def _release_to(rt: Any, memory: DeviceMemory) -> Any:
-    def release(address: int) -> None:
-        with rt.lock:
-            if not rt.closed:
-                memory.free(address)
-    return release

@@ -78,11 +78,13 @@ class GPUFuture(_FutureProtocol):
         self._event: threading.Event | None = None
         self._callbacks: list[tuple[Any, Callable]] = []
         self._cleanup: list[Callable[[], None]] = []
-        self._dependents: list[GPUFuture] = []
-        self._dep_signals: list[int] = []   # signals of other futures that our packets name
+        # Rarely used: an empty tuple until the first entry (fewer objects per future for the
+        # garbage collector to track; see add_dependent, add_dep_signal, _on_retire).
+        self._dependents: list[GPUFuture] | tuple = ()
+        self._dep_signals: list[int] | tuple = ()   # signals of other futures that our packets name
         self.retired = signal == 0          # the device is done with it (resources freed)
         self.preds: list[GPUFuture] = []    # earlier work it was ordered after (see ordering)
-        self._on_retire: list[Callable[[], None]] = []   # run once it has retired
+        self._on_retire: list[Callable[[], None]] | tuple = ()   # run once it has retired
         self._retiring = False              # a failed future waiting for its preds to retire
         self.label = label
         self.value: Any = None            # what result() returns (an array for to_numpy)
@@ -256,7 +258,10 @@ class GPUFuture(_FutureProtocol):
                 # in flight parks them all (the waiter wakes each loop once per batch), so the
                 # loop never busy-polls while other tasks wait for the GPU too.
                 if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
-                    yield from hub.spin_await(self)
+                    if (yield from hub.spin_await(self)):
+                        # The device completed it (read without the lock): the waiter settles
+                        # and retires it at its next scan, off this loop.
+                        return self.value
                 if self._state == PENDING:
                     hub.arm(self)
                     yield from port.wait(lambda a: self._register(port, a),
@@ -265,6 +270,24 @@ class GPUFuture(_FutureProtocol):
             finally:
                 hub.awaiting -= 1
         return self.result()
+
+    def add_dependent(self, fut: "GPUFuture") -> None:
+        """``fut`` fails when this future fails (call under the lock)."""
+        if not self._dependents:
+            self._dependents = []
+        self._dependents.append(fut)  # type: ignore[union-attr]
+
+    def add_dep_signal(self, key: int) -> None:
+        """A signal our packets name, released when this future retires (call under the lock)."""
+        if not self._dep_signals:
+            self._dep_signals = []
+        self._dep_signals.append(key)  # type: ignore[union-attr]
+
+    def on_retired(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once this future has retired (call under the lock, before it retired)."""
+        if not self._on_retire:
+            self._on_retire = []
+        self._on_retire.append(fn)  # type: ignore[union-attr]
 
     def _register(self, port: Any, awaiter: Any) -> None:
         with self._hub.lock.raw:
@@ -409,8 +432,11 @@ class FutureHub:
         """``fut`` is about to be waited for off the loop: make sure a wake-up follows it."""
 
     def spin_await(self, fut: GPUFuture):
-        """What an asyncio ``await`` does before parking (a generator; default: ``spin``)."""
+        """What an asyncio ``await`` does before parking (a generator; default: ``spin``). It
+        returns True when it saw the work complete successfully on the device but left settling
+        the future to the waiter (the awaiter then returns ``fut.value``)."""
         yield from self.spin(fut)
+        return False
 
     def parked_done(self, fut: GPUFuture) -> None:
         """A parked await of ``fut`` was woken (backends learn from it)."""
@@ -470,7 +496,7 @@ class FutureHub:
 
         fut._retiring = True
         for p in waiting:
-            p._on_retire.append(one_retired)
+            p.on_retired(one_retired)
 
     def _force_retire(self, fut: GPUFuture) -> None:
         if not fut.retired:
@@ -482,7 +508,7 @@ class FutureHub:
         """Forget a future whose work was never submitted (under lock)."""
         for key in fut._dep_signals:
             self.release_key(key)
-        fut._dep_signals = []
+        fut._dep_signals = ()
         if fut.signal and self._pending.pop(fut.signal, None) is not None:
             self._dirty = True
             self.release_key(fut.signal)
@@ -620,14 +646,14 @@ class FutureHub:
         fut._cleanup = []
         for key in fut._dep_signals:
             self.release_key(key)
-        fut._dep_signals = []
+        fut._dep_signals = ()
         if fut.signal:
             self.release_key(fut.signal)
         fut.keep = []
-        fut._dependents = []
+        fut._dependents = ()
         if fut._exc is None:
             fut.preds = []   # it finished after them: nothing to inherit
-        callbacks, fut._on_retire = fut._on_retire, []
+        callbacks, fut._on_retire = fut._on_retire, ()
         for fn in callbacks:
             fn()
 
@@ -638,7 +664,7 @@ class FutureHub:
                            status=getattr(exc, "status", None), queue=dep.queue, packet=dep.packet)
             err.__cause__ = exc
             self._finish(dep, err, posts)
-        fut._dependents = []
+        fut._dependents = ()
 
     def _post(self, posts: dict) -> None:
         for port, awaiters in posts.items():

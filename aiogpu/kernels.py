@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+import numpy as np
+
 from .signature import Arg, parse_signature
 
 
@@ -26,6 +28,7 @@ class Kernel:
         self.name = name or body.__name__
         self.signature = signature
         self.args: tuple[Arg, ...] = parse_signature(signature)
+        self._derive()
         _check_arity(body, self.name, len(self.args))
         self.hsaco = hsaco
         self.cuda = cuda
@@ -35,15 +38,28 @@ class Kernel:
         self.artifacts: dict[Any, Any] = {}
         self.__doc__ = body.__doc__
 
+    def _derive(self) -> None:
+        """What a launch reads of the signature, derived once: the pointer indices written and
+        read, and the scalar bounds of the launch-time argument check (see device.check_args)."""
+        self._writes = [i for i, a in enumerate(self.args) if a.pointer and not a.const]
+        self._reads = [i for i, a in enumerate(self.args) if a.pointer and not a.out]
+        self.arg_plan = tuple(_plan(a) for a in self.args)
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled (Ray ships kernels to its workers): derive again, also from a kernel
+        # pickled by a version of aiogpu that did not store these.
+        self.__dict__.update(state)
+        self._derive()
+
     @property
     def writes(self) -> list[int]:
         """Indices of the pointer arguments the kernel may write (not ``const``)."""
-        return [i for i, a in enumerate(self.args) if a.pointer and not a.const]
+        return list(self._writes)
 
     @property
     def reads(self) -> list[int]:
         """Indices of the pointer arguments the kernel may read (not ``out``)."""
-        return [i for i, a in enumerate(self.args) if a.pointer and not a.out]
+        return list(self._reads)
 
     def compile(self, device: Any) -> Any:
         """``device.load(self)``: compile and load this kernel on ``device`` off the event loop;
@@ -56,6 +72,17 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name}({self.signature})>"
+
+
+def _plan(arg: Arg) -> tuple[bool, Any, Any]:
+    """(pointer, low, high) of one argument: an integer's range, a float's finite limit (low None)."""
+    if arg.pointer:
+        return True, None, None
+    dt = arg.dtype
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return False, int(info.min), int(info.max)
+    return False, None, float(np.finfo(dt).max)
 
 
 def _check_arity(body: Callable, name: str, count: int) -> None:

@@ -8,6 +8,7 @@ pending GPU work uses it.
 """
 from __future__ import annotations
 
+import collections
 import math
 import weakref
 from typing import Any, Callable
@@ -102,9 +103,27 @@ class DeviceMemory:
         self.cached_bytes = 0
         self.small = BuddyAllocator(lambda: self._aligned(BLOCK), self._release)
         self.large: dict[int, int] = {}   # address -> size
+        # Addresses of buffers let go of, from any thread (see ``give_back``), freed by ``drain``.
+        self.returned: collections.deque[int] = collections.deque()
+        self.destroyed = False
+
+    def give_back(self, address: int) -> None:
+        """A buffer's memory is no longer used. Safe from any thread and never blocks: a garbage
+        collection runs buffer finalizers in whatever thread it interrupts, possibly one that
+        the holder of the runtime lock waits for (a deadlock if this took the lock). Freed at
+        the next ``drain``, which the lock's holders call."""
+        self.returned.append(address)
+
+    def drain(self) -> None:
+        """Free what ``give_back`` collected (under the runtime lock)."""
+        returned = self.returned
+        while returned and not self.destroyed:
+            self.free(returned.popleft())
 
     def alloc(self, nbytes: int) -> tuple[int, int]:
         """(address, capacity) of ``nbytes`` of device memory."""
+        if self.returned:
+            self.drain()
         if nbytes <= SMALL_LIMIT:
             addr = self.small.alloc(nbytes)
             return addr, 1 << self.small.order_for(nbytes)
@@ -153,6 +172,7 @@ class DeviceMemory:
 
     def trim(self) -> int:
         """Give every cached free block back to the driver; returns the bytes given back."""
+        self.drain()
         freed = self.cached_bytes
         for blocks in self._cache.values():
             for addr in blocks:
@@ -164,6 +184,8 @@ class DeviceMemory:
 
     def destroy(self) -> None:
         """Give every block back (the runtime is closing; no buffer is usable any more)."""
+        self.destroyed = True
+        self.returned.clear()
         self.trim()
         for addr in list(self._sizes):
             del self._sizes[addr]
@@ -240,7 +262,7 @@ class Buffer:
         self.device = device
         self.address = address
         self.nbytes = nbytes
-        self.root = self               # the allocation this is (a view: the one it views)
+        self._base: Buffer | None = None   # the allocation a view views (see ``root``)
         self.offset = 0                # byte offset from root.address
         self.typed_dtype: np.dtype | None = None   # None: raw bytes (any pointer argument)
         self._shape: tuple[int, ...] = (nbytes,)
@@ -255,20 +277,28 @@ class Buffer:
     def _view_of(cls, root: "Buffer", offset: int, nbytes: int, dtype: np.dtype | None,
                  shape: tuple[int, ...]) -> "Buffer":
         view = cls.__new__(cls)
-        view.device, view.root, view.offset = root.device, root, offset
+        view.device, view._base, view.offset = root.device, root, offset
         view.address, view.nbytes = root.address + offset, nbytes
         view.typed_dtype, view._shape = dtype, shape
         return view
 
     # -- what it is ----------------------------------------------------------------------------
     @property
+    def root(self) -> "Buffer":
+        """The allocation this is, or the one a view views. (Not an attribute referring to
+        itself: that cycle would leave every Buffer to the cyclic garbage collector, and its
+        memory unreturned until a collection.)"""
+        base = self._base
+        return self if base is None else base
+
+    @property
     def is_view(self) -> bool:
-        return self.root is not self
+        return self._base is not None
 
     @property
     def base(self) -> "Buffer | None":
         """The allocation a view views (None for an allocation), as NumPy's ``base``."""
-        return None if self.root is self else self.root
+        return self._base
 
     @property
     def dtype(self) -> np.dtype:
@@ -363,12 +393,14 @@ class Buffer:
             self.freed = True
             if self.users == 0:
                 self._finalizer()
+                self.device.memory.drain()
 
     def unuse(self) -> None:
         """One operation using this allocation retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
             self._finalizer()
+            self.device.memory.drain()
 
     # -- data ----------------------------------------------------------------------------------
     def to_numpy(self, dtype: Any = None) -> Any:
@@ -391,7 +423,7 @@ class Buffer:
         rt.check_open()
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
             out = rt.pinned.empty(self.nbytes, dtype).reshape(shape)
-        fut = rt.copy(out, self)
+            fut = rt.copy(out, self)     # (in the same section: one Ctrl-C hold, not two)
         fut.value = out
         return fut
 

@@ -210,7 +210,11 @@ def prune(state: Any) -> None:
     last = state.last_write
     if last is not None and last.retired and last._exc is None:
         state.last_write = None
-    state.reads = [f for f in state.reads if not f.retired]
+    reads = state.reads
+    for f in reads:                 # (a new list only when something retired)
+        if f.retired:
+            state.reads = [f for f in reads if not f.retired]
+            break
 
 
 def touching(obj: Any) -> tuple[list[GPUFuture], list[GPUFuture]]:
@@ -228,37 +232,40 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
     """{earlier future: semantic} for an operation touching ``reads``/``writes`` (Buffers,
     views, ranges)."""
     deps: dict[GPUFuture, bool] = {}
-
-    def add(fut: GPUFuture | None, semantic: bool) -> None:
-        for f in _live(fut):
-            deps[f] = deps.get(f, False) or semantic
-
-    def add_semantic(fut: GPUFuture | None) -> None:
-        if fut is not None:
-            deps[fut] = True  # retired ones too: failed_dependency checks them
-
     for fut in after:
-        add_semantic(fut)
-    writes = list(writes)
+        deps[fut] = True            # retired ones too: failed_dependency checks them
     for obj in reads:
         state = state_of(obj)
         if isinstance(state, HostRange):
             for writer in state.writers():
-                add_semantic(writer)
+                deps[writer] = True
             continue
         prune(state)
-        add_semantic(state.last_write)
+        if state.last_write is not None:
+            deps[state.last_write] = True
     for obj in writes:
         state = state_of(obj)
         if isinstance(state, HostRange):
             for fut in (*state.writers(), *state.readers()):
-                add(fut, False)
+                _order_after(deps, fut)
             continue
         prune(state)
-        add(state.last_write, False)
+        if state.last_write is not None:
+            _order_after(deps, state.last_write)
         for reader in state.reads:
-            add(reader, False)
+            _order_after(deps, reader)
     return deps
+
+
+def _order_after(deps: dict[GPUFuture, bool], fut: GPUFuture) -> None:
+    """Add an ordering-only edge to ``fut`` (or to what it stands for, see ``_live``)."""
+    if not fut.retired:
+        if fut not in deps:
+            deps[fut] = False
+    elif fut._exc is not None:
+        for f in _live(fut):
+            if f not in deps:
+                deps[f] = False
 
 
 def _live(fut: GPUFuture | None) -> list[GPUFuture]:
@@ -315,8 +322,12 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
 def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
     """Make ``fut`` the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
     (what it waits for) are remembered in case it fails without running."""
-    fut.preds.extend(d for d in deps if not d.retired)
-    writes = list(writes)
+    preds = fut.preds
+    for d in deps:
+        if not d.retired:
+            preds.append(d)
+    if not isinstance(writes, list):
+        writes = list(writes)
     for obj in writes:
         state = state_of(obj)
         if isinstance(state, HostRange):
@@ -325,10 +336,18 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
             state.last_write = fut
             state.reads = []
     for obj in reads:
-        if any(obj is w for w in writes):
+        if _contains(writes, obj):
             continue
         state = state_of(obj)
         if isinstance(state, HostRange):
             state.hazards._record(state.start, state.end, fut, False)
         else:
             state.reads.append(fut)
+
+
+def _contains(items: list, obj: Any) -> bool:
+    """Whether ``obj`` itself (not an equal object) is in ``items``."""
+    for item in items:
+        if item is obj:
+            return True
+    return False

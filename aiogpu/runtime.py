@@ -33,6 +33,7 @@ Hooks a backend implements (called under the lock unless said otherwise):
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import importlib
 import os
@@ -114,7 +115,7 @@ def cuda_available() -> tuple[bool, str]:
         return False, exc.reason
 
 
-@dataclass
+@dataclass(slots=True)
 class CopySide:
     """One side of a copy: a device buffer, a host array, or a foreign device array."""
 
@@ -126,7 +127,7 @@ class CopySide:
     stream: Any = None         # a foreign array's stream to order after, if any
 
 
-@dataclass
+@dataclass(slots=True)
 class CopyOp:
     """A copy being submitted: its sides, route, and what runs when it retires."""
 
@@ -140,6 +141,13 @@ class CopyOp:
     cleanup: list = field(default_factory=list)       # run when the copy has retired
     on_complete: list | None = None                   # host steps before it completes
     staging: Any = None                               # a bounce buffer the backend used
+    staged: bool = False                              # the host source was copied at submission
+
+    @property
+    def reads(self) -> list:
+        """The ordering states the copy reads: none once its host source was staged (the
+        caller's array is not read after submission, so later writers of it need not wait)."""
+        return [] if self.staged else [self.src.state]
 
 
 class Runtime:
@@ -337,31 +345,32 @@ class Runtime:
             fut.keep.extend(keep)
             fut._cleanup.extend(cleanup)
             return
-        reads, writes = list(reads), list(writes)
+        if not isinstance(reads, list):
+            reads = list(reads)
+        if not isinstance(writes, list):
+            writes = list(writes)
         ordering.record(fut, reads, writes, deps)
-        used = {id(s): s for s in (*reads, *writes)}.values()
-        views = [s for s in used if isinstance(s, Buffer)]
-        bufs = list({id(v.root): v.root for v in views}.values())    # allocations, once each
-        hosts = [s for s in used if isinstance(s, ordering.HostRange)]
-        for buf in bufs:
+        views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
+        roots: list[Buffer] = []            # their allocations, once each (counted as users)
+        hosts: list[ordering.HostRange] = []
+        for group in (reads, writes):
+            for s in group:
+                if isinstance(s, Buffer):
+                    if not ordering._contains(views, s):
+                        views.append(s)
+                        if not ordering._contains(roots, s.root):
+                            roots.append(s.root)
+                elif isinstance(s, ordering.HostRange) and not ordering._contains(hosts, s):
+                    hosts.append(s)
+        for buf in roots:
             buf.users += 1
-        fut.keep.extend(views)
-        fut.keep.extend(keep)
-        cleanup = list(cleanup)
-        if not (bufs or hosts or cleanup):
-            return
-        hazards = self.hazards
-
-        def retired() -> None:
-            for fn in cleanup:
-                fn()
-            for buf in bufs:
-                buf.unuse()
-                ordering.prune(buf)        # finished work (and its results) is not kept alive
-            for state in hosts:
-                hazards.prune_host(state)
-
-        fut._cleanup.append(retired)
+        if views:
+            fut.keep.extend(views)
+        if keep:
+            fut.keep.extend(keep)
+        cleanup = list(cleanup) if cleanup else []
+        if roots or hosts or cleanup:
+            fut._cleanup.append(functools.partial(_retired, self.hazards, cleanup, roots, hosts))
 
     # -- copies --------------------------------------------------------------------------------
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:
@@ -394,7 +403,7 @@ class Runtime:
             if fut is None:
                 dev, n = op.device, op.nbytes
                 fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
-                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, [op.src.state],
+                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
                                          [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
         except BaseException:
             for fn in op.cleanup:
@@ -417,6 +426,7 @@ class Runtime:
                 address, src.ptr, release = self.pinned.block(op.nbytes)
                 ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
                 op.cleanup.append(release)
+                op.staged = True
 
     def _check_copy(self, dst: Any, src: Any) -> int:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
@@ -599,6 +609,9 @@ class Runtime:
         work is pending and no buffer is held."""
         self.hub.poll()
         with self.lock:
+            if not self.closed:
+                for d in self.devices:
+                    d.memory.drain()      # buffers dropped since (by a collection, say)
             out = {key: 0 for key in LEAK_KEYS}
             out.update(pending=self.hub.pending_count, host_ranges=self.hazards.host_ranges,
                        deferred=len(self._deferred),
@@ -717,6 +730,18 @@ def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], boo
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     if not ok(float(value)):          # (NaN fails every comparison)
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
+
+
+def _retired(hazards: ordering.Hazards, cleanup: list, bufs: list, hosts: list) -> None:
+    """What ``track`` runs once an operation retired: its cleanup, then the buffers and host
+    ranges it used let go of it."""
+    for fn in cleanup:
+        fn()
+    for buf in bufs:
+        buf.unuse()
+        ordering.prune(buf)        # finished work (and its results) is not kept alive
+    for state in hosts:
+        hazards.prune_host(state)
 
 
 def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:

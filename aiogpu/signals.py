@@ -137,9 +137,9 @@ class CompletionHub(FutureHub):
         retires); when ``semantic``, ``fut`` also fails if ``on`` fails. Call under lock with
         ``on`` not yet retired."""
         self.pool.retain(on.signal)
-        fut._dep_signals.append(on.signal)
+        fut.add_dep_signal(on.signal)
         if semantic:
-            on._dependents.append(fut)
+            on.add_dependent(fut)
 
     def wake(self) -> None:
         self.api.hsa_signal_store_screlease(T.hsa_signal_t(self._wake), 1)

@@ -6,12 +6,18 @@
 """
 from __future__ import annotations
 
+import os
+import tempfile
 
 import numpy as np
 import pytest
 
 import aiogpu
 from backends import BACKENDS, BACKENDS_2GPU, _close_checked, backend_runtime
+
+# Compiled kernels go to a cache of the test session's own, not the user's (child processes
+# inherit it); tests of the cache itself point it elsewhere.
+os.environ.setdefault("AIOGPU_CACHE_DIR", tempfile.mkdtemp(prefix="aiogpu-test-cache-"))
 
 @pytest.fixture
 def make_runtime():

@@ -179,3 +179,97 @@ async def _sleep_and_wait(d0, buf):
 
 async def _launch_and_wait(d0, buf):
     await d0.launch(scale, grid=(1024,), block=(256,), args=(buf, 2.0, 1024))
+
+
+@pytest.mark.asyncio
+async def test_an_await_that_spins_leaves_settling_to_the_waiter(make_any):
+    """On CUDA a spin that reads the work done in the completion word returns without settling
+    the future on the loop (no lock); the waiter settles it later. Whatever path an await takes:
+    the future reads done at once, a done-callback added before or after the await runs, a
+    thread's ``wait`` returns, and the buffers are let go (the fixture checks for leaks)."""
+    rt = make_any(spin_s=0.05)
+    d0 = rt.devices[0]
+    buf = d0.alloc(4096)
+    loop = asyncio.get_running_loop()
+    for _ in range(20):
+        fut = d0.launch(scale, grid=(1024,), block=(256,), args=(buf, 1.0, 1024))
+        before = loop.create_future()
+        fut.add_done_callback(lambda f, box=before: box.done() or box.set_result(f))
+        await fut
+        assert fut.done() and fut.exception() is None and fut.result() is None
+        after = loop.create_future()
+        fut.add_done_callback(lambda f, box=after: box.done() or box.set_result(f))
+        assert await asyncio.wait_for(before, 5) is fut
+        assert await asyncio.wait_for(after, 5) is fut
+        assert await loop.run_in_executor(None, fut.wait, 5)
+    out = await buf.to_numpy(np.float32)
+    assert out.shape == (1024,)
+    buf.free()
+
+
+FAKE_CUDA_SCRIPT = r"""
+import asyncio, aiogpu, numpy as np
+rt = aiogpu.Runtime("cuda", spin_s=0.05)
+k = aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}', name="noop")(lambda launch, n: None)
+d0 = rt.devices[0]
+fired = []
+async def main():
+    buf = d0.alloc(1024)
+    for i in range(200):
+        f = d0.launch(k, (1,), (1,), (i,))
+        await f
+        assert f.done() and f.exception() is None
+        f.add_done_callback(fired.append)
+        x = np.full(256, i, np.float32)
+        aiogpu.copy(buf, x)
+        out = await buf.to_numpy(np.float32)
+        assert (out == i).all(), (i, out[:4])     # the fake copies bytes for real
+    buf.free()
+    for _ in range(500):
+        if len(fired) == 200:
+            break
+        await asyncio.sleep(0.01)
+asyncio.run(main())
+assert len(fired) == 200, len(fired)
+stats = rt.stats()
+assert stats["spin_hits"] > 0, stats          # the lock-free spin path really ran
+assert rt.leaks(5) == {}, rt.leaks(0)
+rt.close()
+print("ok", stats["spin_hits"])
+"""
+
+
+def test_cuda_host_paths_on_the_fake_driver():
+    """The CUDA backend's host paths (spin without the lock, settling by the waiter, staged
+    uploads, pinned downloads) on bench/fakecuda's instant driver, in a child process: this runs
+    the CUDA code on machines without a GPU (kernels do nothing there; copies are real)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "bench", "fakecuda"), root]),
+               AIOGPU_BACKEND="cuda")
+    proc = subprocess.run([sys.executable, "-c", FAKE_CUDA_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
+
+
+def test_a_buffer_dropped_in_another_thread_never_waits_for_the_lock(any_rt):
+    """A buffer's memory goes back from whatever thread drops its last reference (a garbage
+    collection runs finalizers in any thread, even one that the lock's holder waits for, as the
+    emulator's engine threads at their start): that must never wait for the runtime lock. The
+    memory is reused by the next allocation."""
+    import threading
+
+    d0 = any_rt.devices[0]
+    box = [d0.alloc(4096)]
+    address = box[0].address
+    dropper = threading.Thread(target=box.clear)     # the finalizer runs in that thread
+    with any_rt.lock:
+        dropper.start()
+        dropper.join(5)
+        assert not dropper.is_alive(), "a buffer's finalizer waited for the runtime lock"
+    again = d0.alloc(4096)
+    assert again.address == address                  # given back, and reused
+    again.free()
+    assert any_rt.stats()["small_allocations"] == 0

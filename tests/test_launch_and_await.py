@@ -72,7 +72,9 @@ async def test_completions_reach_a_loop_in_batches(rt):
         return original(callback, *args, **kwargs)
 
     d0, d1 = rt.devices
-    gate = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(300,))
+    # Long enough to outlast submitting 200 launches on a loaded machine (else completions
+    # arrive before the counting starts).
+    gate = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(1500,))
     # 200 launches spread over every queue of both devices, all held back by one gate.
     futs = [d.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[gate])
             for _ in range(100) for d in (d0, d1)]

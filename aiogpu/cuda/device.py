@@ -95,6 +95,7 @@ class CudaDevice(Device):
         self.foreign: dict[int, Any] = {}   # other libraries' streams (foreign.py), by handle
         self.ext: list[Lane] = []            # streams that capture other libraries' events
         self.peers: set[int] = set()
+        self._geometry: dict[tuple, tuple] = {}
 
     def __repr__(self) -> str:
         return f"<CudaDevice {self.name} {self.product} {self.isa} (cuda)>"
@@ -148,7 +149,21 @@ class CudaDevice(Device):
         return LoadedCudaKernel(kernel, func, module)
 
     def blocks(self, grid: tuple, block: tuple) -> tuple[tuple, tuple]:
-        """CUDA's (gridDim, blockDim) for an HSA-style grid of work-items (ValueError if too big)."""
+        """CUDA's (gridDim, blockDim) for an HSA-style grid of work-items (ValueError if too big);
+        a launch of a shape seen before pays a dictionary lookup."""
+        key = (grid, block)
+        try:
+            return self._geometry[key]
+        except KeyError:
+            pass
+        except TypeError:                  # unhashable (lists): not cached
+            return self._blocks(grid, block)
+        got = self._blocks(grid, block)
+        if len(self._geometry) < 4096:
+            self._geometry[key] = got
+        return got
+
+    def _blocks(self, grid: tuple, block: tuple) -> tuple[tuple, tuple]:
         blocks = tuple(-(-g // b) for g, b in zip(grid, block))
         for axis, (n, limit) in enumerate(zip(blocks, self.max_grid)):
             if n > limit:

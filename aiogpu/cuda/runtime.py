@@ -153,7 +153,7 @@ class CudaRuntime(Runtime):
                 if dep.retired:
                     continue
                 if semantic:
-                    dep._dependents.append(fut)
+                    dep.add_dependent(fut)
                 if dep._state == PENDING and (getattr(dep, "on_complete", None) or getattr(dep, "host_deps", None)):
                     # Work with host-side completion steps (bounced device-to-host copies): they
                     # run before this future completes, so that its result includes them.
@@ -230,7 +230,7 @@ class CudaRuntime(Runtime):
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
             copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
         enqueue = self.with_foreign_waits(device, interop.copy_streams(op), copy)
-        return self.submit(device, lane, op.label, deps, enqueue, [op.src.state], [op.dst.state], op.keep,
+        return self.submit(device, lane, op.label, deps, enqueue, op.reads, [op.dst.state], op.keep,
                            op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging)
 
     @staticmethod

@@ -20,8 +20,9 @@ a completion reaches an awaiter, fastest first:
    After any wake-up it rescans every lane (level-triggered): it settles each lane's prefix up to
    its completion word, and queries the stream (or the event) of the first future beyond it
    (errors; lanes without words), handing each event loop its awaiters in one batch. It also
-   retires, in batches, the futures that spins settled (their buffers, events and host memory
-   are freed there, off the awaiters' latency path). A bounded timeout guards
+   settles and retires the futures whose completion a spin saw (the spin itself changes no
+   state and takes no lock: their buffers, events and host memory are freed here, off the
+   awaiters' latency path and off the loop). A bounded timeout guards
    against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
    else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second.
 
@@ -36,7 +37,6 @@ a new process works (tests/test_backends.py runs the CUDA failure case in a chil
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import time
 from typing import Any, Callable
@@ -53,6 +53,7 @@ DEFAULT_SPIN_S = 1e-3
 PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
 PRESLEEP_MARGIN_S = 1e-3   # ... until this long before their predicted end (timer granularity)
 LEARN_MIN_BYTES = 1 << 20
+SETTLE_SLICE = 32          # futures settled per hold of the runtime lock on the waiter thread
 
 
 class CudaFuture(GPUFuture):
@@ -112,7 +113,6 @@ class CudaHub(FutureHub):
         self._keys = itertools.count(1)
         self.spin_hits = 0
         self.spin_misses = 0
-        self._unretired: collections.deque = collections.deque()
         self.arms = 0
         self.start()
 
@@ -142,7 +142,9 @@ class CudaHub(FutureHub):
         lane = fut.lane
         if lane is None or lane.armed >= fut.ticket:
             return
-        with self.lock:
+        # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
+        # leaves ``armed`` behind, and the next arm queues one more wake-up.
+        with self.lock.raw:
             if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
                 return
             err = lane.arm(D.SEM_POST, self.sem.address)
@@ -171,7 +173,7 @@ class CudaHub(FutureHub):
         ahead = fut._predicted_wait()
         if ahead > PRESLEEP_MIN_S:
             yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
-        yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0)
+        return (yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0))
 
     def parked_done(self, fut: CudaFuture) -> None:
         fut = _submitted(fut)
@@ -185,7 +187,8 @@ class CudaHub(FutureHub):
     def spin(self, fut: CudaFuture, at_least: float = 0.0):
         """Poll ``fut``'s completion on the loop for up to its lane's adaptive window (or
         ``at_least`` seconds), yielding in between. With a completion word a poll is one memory
-        load; without, one ``cuEventQuery``."""
+        load; without, one ``cuEventQuery``. Returns True when the word showed the work done and
+        nothing needs settling now (see ``completed_now``)."""
         lane = fut.lane
         start = time.perf_counter()
         deadline = start + max(lane.spin, at_least)
@@ -193,9 +196,8 @@ class CudaHub(FutureHub):
         if word is not None:
             while fut._state == PENDING:
                 if word.value >= ticket:
-                    self.completed_now(fut)
                     self._hit(lane, fut, start)
-                    return
+                    return self.completed_now(fut)
                 if time.perf_counter() > deadline or self.awaiting > 1:
                     break
                 yield
@@ -207,55 +209,27 @@ class CudaHub(FutureHub):
                     if fut._state == PENDING:
                         self.observed(lane, ticket, code)
                     self._hit(lane, fut, start)
-                    return
+                    return False
                 if time.perf_counter() > deadline or self.awaiting > 1:
                     break
                 yield
         if fut._state == PENDING and self.awaiting == 1:     # (others came: not a miss)
             self.spin_misses += 1
             lane.spin = max(SPIN_MIN_S, lane.spin / 2)
+        return False
 
-    def completed_now(self, fut: CudaFuture) -> None:
-        """The spin saw ``fut`` complete: settle what its awaiters see now, and leave retiring it
-        (freeing its event, buffers, host memory) to the waiter's next scan, off the latency
-        path. Futures with host-side completion steps, and joins (whose members decide how
-        they settle), settle fully at once."""
+    def completed_now(self, fut: CudaFuture) -> bool:
+        """The spin read ``fut``'s ticket in its lane's completion word: the work completed
+        successfully (a lane writes the word only after it; a failing context stops the lane).
+        The awaiter returns at once, with no lock and no state change on the loop: settling
+        (other awaiters, callbacks) and retiring (its event, buffers, host memory) happen at the
+        waiter's next scan, which reads the same word, within its guard interval. Futures with
+        host-side completion steps, and joins (whose members decide how they settle), settle
+        fully now: returns False then (the future is done)."""
         if fut.on_complete or fut.host_deps or fut.members is not None:
             self.observed(fut.lane, fut.ticket, 0)
-            return
-        posts: dict = {}
-        with self.lock:
-            if fut._state != PENDING:
-                return
-            fut._state = DONE
-            if fut._ports:
-                for port, awaiters in fut._ports.items():
-                    posts.setdefault(port, []).extend(awaiters)
-                fut._ports = {}
-            if fut._callbacks:
-                for port, fn in fut._callbacks:
-                    posts.setdefault(port, []).append(_CallbackAwaiter(fn, fut))
-                fut._callbacks = []
-            if fut._event is not None:
-                fut._event.set()
-            self._unretired.append(fut)
-        if posts:
-            self._post(posts)
-
-    def retire_settled(self, limit: int = 64) -> None:
-        """Retire futures that spins settled (free their events, buffers, host memory), in
-        batches on the waiter thread: measured on the H200, doing it in the spin itself (even
-        in its idle polls) costs the await ~4 us, batching it costs nothing visible."""
-        backlog = self._unretired
-        with self.lock:
-            for _ in range(min(limit, len(backlog))):
-                fut = backlog.popleft()
-                if not fut.retired and self._pending.get(fut.signal) is fut:
-                    self._retire(fut)
-                lane = fut.lane
-                pending = lane.pending
-                while pending and pending[0].retired:
-                    pending.popleft()
+            return False
+        return True
 
     def _hit(self, lane: Any, fut: CudaFuture, start: float) -> None:
         self.spin_hits += 1
@@ -282,8 +256,6 @@ class CudaHub(FutureHub):
 
     def scan(self) -> None:
         """Level-triggered: query every lane's pending events, oldest first."""
-        while self._unretired:
-            self.retire_settled(1024)
         query, stream_query = D.HOT.query, D.cu.cuStreamQuery
         with self.lock:
             work = [(lane, list(lane.pending)) for lane in self.lanes if lane.pending]
@@ -335,9 +307,22 @@ class CudaHub(FutureHub):
     def _settle(self, completed: list) -> None:
         """Resolve futures whose events read complete; run their host-side completion steps
         (staged device-to-host copies) first, in submission order."""
-        posts: dict = {}
         if len(completed) > 1:
             completed.sort(key=lambda kf: kf[0])
+        # In slices, each under its own short hold of the lock: the loop thread submitting
+        # meanwhile waits for one slice at most, not for the whole batch. The awaiters still
+        # reach each loop in one batch (one thread-safe call per wake-up).
+        posts: dict = {}
+        for at in range(0, max(len(completed), 1), SETTLE_SLICE):
+            if at:
+                # Let go of the GIL between slices: a loop thread that blocked on the lock
+                # during the last slice takes it now, rather than finding the lock held again
+                # each time the interpreter switches to it (a lock convoy).
+                time.sleep(0)
+            self._settle_slice(completed[at:at + SETTLE_SLICE], posts, last=at + SETTLE_SLICE >= len(completed))
+        self._post(posts)
+
+    def _settle_slice(self, completed: list, posts: dict, last: bool) -> None:
         with self.lock:
             for key, fut in completed:
                 if self._pending.get(key) is not fut:
@@ -358,9 +343,8 @@ class CudaHub(FutureHub):
                         self._retire(fut)
                 else:
                     self._retire(fut)
-            if self.watchdog_s is not None:
+            if last and self.watchdog_s is not None:
                 self._check_watchdog(posts)
-        self._post(posts)
 
     # -- the waiter thread -----------------------------------------------------------------------
     def _guard(self) -> float:

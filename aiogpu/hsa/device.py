@@ -124,7 +124,7 @@ class HsaDevice(Device):
             if dep.queue == queue.name:
                 barrier = True
                 if semantic:
-                    dep._dependents.append(fut)
+                    dep.add_dependent(fut)
             else:
                 hub.depend(fut, dep, semantic=semantic)
                 signals.append(dep.signal)

@@ -235,7 +235,7 @@ class HsaRuntime(Runtime):
             self._withdraw(fut, live)
             return None
         fut.queue = name
-        self.track(fut, [op.src.state], [op.dst.state], live, op.keep, op.cleanup)
+        self.track(fut, op.reads, [op.dst.state], live, op.keep, op.cleanup)
         return fut
 
     def _withdraw(self, fut: GPUFuture, live: list) -> None:
