@@ -4,6 +4,8 @@ Timings are the benchmarks' business (bench/serve.py); these tests count calls a
 contents."""
 from __future__ import annotations
 
+import importlib.util
+
 import asyncio
 import gc
 
@@ -239,6 +241,9 @@ print("ok", stats["spin_hits"])
 """
 
 
+@pytest.mark.skipif(aiogpu.runtime.cuda_available()[0] or importlib.util.find_spec("cuda") is not None,
+                    reason="the real cuda-bindings are installed: the fake one cannot shadow them "
+                           "(the CUDA tests run these paths on the real driver)")
 def test_cuda_host_paths_on_the_fake_driver():
     """The CUDA backend's host paths (spin without the lock, settling by the waiter, staged
     uploads, pinned downloads) on bench/fakecuda's instant driver, in a child process: this runs
