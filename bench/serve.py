@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import numpy as np
 
@@ -156,9 +157,17 @@ def make_handler(mode: str, work: str, backend: str | None):
 
 # -- the server ----------------------------------------------------------------------------------
 async def serve(args: argparse.Namespace) -> None:
+    compute, close = make_handler(args.mode, args.work, args.backend)
+    await serve_forever(compute, close, freeze=args.gc == "freeze")
+
+
+async def serve_forever(compute: Any, close: Any, *, path: str = "/work", freeze: bool = False) -> None:
+    """Serve ``POST path`` with ``await compute(body)`` on the running loop until SIGTERM, then
+    ``close()``. Prints ``READY <port>`` once listening; ``GET /stats`` reports the loop's lag
+    (a 1 ms heartbeat's lateness) and the cyclic collector's pauses since ``POST /reset``.
+    ``freeze``: ``gc.freeze()`` first, as services do once started."""
     from aiohttp import web
 
-    compute, close = make_handler(args.mode, args.work, args.backend)
     lags: list[float] = []
     stop = asyncio.Event()
 
@@ -181,8 +190,8 @@ async def serve(args: argparse.Namespace) -> None:
             gc_pauses.append(time.perf_counter() - gc_started[0])
 
     gc.callbacks.append(gc_watch)
-    if args.gc == "freeze":          # what a service does after start-up: the objects of its
-        gc.collect()                 # imports (torch has a million) are never scanned again
+    if freeze:                       # the objects of the imports (torch has a million) are
+        gc.collect()                 # never scanned again
         gc.freeze()
 
     async def stats(request: web.Request) -> web.Response:
@@ -198,7 +207,7 @@ async def serve(args: argparse.Namespace) -> None:
         return web.json_response({})
 
     app = web.Application(client_max_size=64 << 20)
-    app.add_routes([web.post("/work", work), web.get("/stats", stats), web.post("/reset", reset)])
+    app.add_routes([web.post(path, work), web.get("/stats", stats), web.post("/reset", reset)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

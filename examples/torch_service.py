@@ -21,14 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+from serve import serve_forever  # noqa: E402  (bench/serve.py: the service harness, heartbeat and all)
 
 IN, HIDDEN, OUT = 256, 512, 64
 
@@ -104,11 +107,6 @@ async def serve(streams: int) -> None:
         y[:n] = np.clip(x[:n], lo, hi)
 
     await aiogpu.gather(dev.load(normalize), dev.load(clamp))      # compiled before serving
-    # What a service does once started: the objects of its imports (torch's, a million) go to
-    # the collector's permanent generation, so that no full collection scans them mid-request
-    # (each took tens of milliseconds of loop time here).
-    gc.collect()
-    gc.freeze()
     pool = [torch.cuda.Stream(device=dev.index) for _ in range(streams)]
     turn = [0]
 
@@ -134,40 +132,9 @@ async def serve(streams: int) -> None:
             b.free()                                     # (freed once the GPU is done with them)
         return result.tobytes()
 
-    lags: list[float] = []
-    stop = asyncio.Event()
-
-    async def heartbeat() -> None:
-        while not stop.is_set():
-            t = time.perf_counter()
-            await asyncio.sleep(0.001)
-            lags.append(time.perf_counter() - t - 0.001)
-
-    async def work(request: web.Request) -> web.Response:
-        return web.Response(body=await infer(await request.read()))
-
-    async def stats(request: web.Request) -> web.Response:
-        got = np.array(lags or [0.0]) * 1e3
-        return web.json_response({"lag_p99_ms": float(np.percentile(got, 99)), "lag_max_ms": float(got.max())})
-
-    async def reset(request: web.Request) -> web.Response:
-        lags.clear()
-        return web.json_response({})
-
-    app = web.Application()
-    app.add_routes([web.post("/infer", work), web.get("/stats", stats), web.post("/reset", reset)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    beat = asyncio.ensure_future(heartbeat())
-    print(f"READY {port}", flush=True)
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    await beat
-    await runner.cleanup()
-    rt.close()
+    # freeze: the objects of the imports (torch's, a million) go to the collector's permanent
+    # generation, so that no full collection scans them mid-request (tens of ms each, here).
+    await serve_forever(infer, rt.close, path="/infer", freeze=True)
 
 
 # -- the load ------------------------------------------------------------------------------------------
