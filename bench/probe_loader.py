@@ -50,14 +50,28 @@ async def phases(dev, arrays) -> None:
     with rt.lock:
         staging = rt.pinned.empty(n, np.uint8)
     print(f"  pinned block: {(time.perf_counter() - t) * 1e3:.2f} ms")
-    t = time.perf_counter()
-    for arr in arrays:
-        flat = arr.reshape(-1).view(np.uint8)
-        async with anyio.create_task_group() as tg:
-            for lo in range(0, n, piece):
-                tg.start_soon(lambda lo=lo: anyio.to_thread.run_sync(
-                    np.copyto, staging[lo:lo + piece], flat[lo:lo + piece], limiter=limiter))
-    print(f"  staging only: {len(arrays) * n / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+    for piece in (4 << 20, 8 << 20, 16 << 20):
+        t = time.perf_counter()
+        for arr in arrays:
+            flat = arr.reshape(-1).view(np.uint8)
+            async with anyio.create_task_group() as tg:
+                for lo in range(0, n, piece):
+                    tg.start_soon(lambda lo=lo: anyio.to_thread.run_sync(
+                        np.copyto, staging[lo:lo + piece], flat[lo:lo + piece], limiter=limiter))
+        print(f"  staging only, anyio threads, {piece >> 20} MiB pieces: "
+              f"{len(arrays) * n / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+    import concurrent.futures
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for piece in (4 << 20, 8 << 20):
+            t = time.perf_counter()
+            for arr in arrays:
+                flat = arr.reshape(-1).view(np.uint8)
+                await asyncio.gather(*[loop.run_in_executor(pool, np.copyto, staging[lo:lo + piece],
+                                                            flat[lo:lo + piece]) for lo in range(0, n, piece)])
+            print(f"  staging only, executor, {piece >> 20} MiB pieces: "
+                  f"{len(arrays) * n / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+    piece = 4 << 20
     buf = dev.alloc(n)
     t = time.perf_counter()
     for _ in arrays:
