@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import threading
+import time
 import types
 
 import numpy as np
@@ -159,3 +160,21 @@ def test_queues_are_created_and_recreated_with_normal_priority(make_runtime):
         assert any(q.generation for q in d0.queues), "a queue should have been recreated"
         for q in d0.queues:
             assert emulator._queue(q._q).priority == T.HSA_AMD_QUEUE_PRIORITY_NORMAL
+
+
+def test_traced_work_carries_the_signals_dispatch_timestamps(make_runtime, tmp_path):
+    """The waiter reads each completion signal's profiling timestamps (the emulator's clock is
+    the host's monotonic one): a traced kernel's span is its run on the device, after its
+    submission."""
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    gate = Gate()
+    with aiogpu.trace(str(tmp_path / "t.json")) as tracer:
+        fut = gate.launch(d0)
+        opened = time.monotonic_ns()
+        gate.open()
+        assert fut.wait(20)
+        done = time.monotonic_ns()
+    (rec,) = [r for r in tracer.records if r["name"] == fut.label]
+    assert rec["device_times"] and rec["submit_ns"] <= rec["start_ns"] <= rec["end_ns"] <= done
+    assert rec["end_ns"] >= opened, "the kernel cannot end before its gate opened"

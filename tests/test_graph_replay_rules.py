@@ -1,0 +1,136 @@
+"""Graph capture and replay rules on HSA that results alone seldom show: replays of one
+executable run in launch order, a replay is ordered after pending work on what it touches (SDMA
+copy parts included), patched buffers are tracked, a copy whose engine is gone at replay time
+falls back to a shader copy, and captured copies of distinct host arrays are independent.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+import aiogpu
+from aiogpu.ordering import Hazards
+from aiogpu.futures import GPUFuture
+from gpu_kernels import Gate, add_const_n, wait_gate
+
+N = 16
+
+
+def test_replays_of_one_executable_run_in_launch_order(make_runtime):
+    """Even with no buffer in common (a kernel of scalars only), the second replay of an
+    executable is ordered after the first: it completes only after it."""
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    first_gate, second_gate = Gate(), Gate()
+    with aiogpu.Graph() as g:
+        node = d0.launch(wait_gate, grid=(1,), block=(1,), args=(first_gate.key,))
+    exe = g.instantiate()
+    first = exe.launch()
+    second_gate.open()
+    second = exe.launch(args={node: (second_gate.key,)})
+    seen, called = [], threading.Event()
+    second.add_done_callback(lambda f: (seen.append(first.done() or rt.hub.is_complete(first.signal)), called.set()))
+    assert first in second.preds, "the second replay is not ordered after the first"
+    first_gate.open()
+    assert first.wait(20) and second.wait(20) and called.wait(20)
+    assert second.exception() is None
+    assert seen == [True], "the second replay completed before the first"
+
+
+def test_replay_with_sdma_copy_waits_for_pending_work_on_its_buffers(make_runtime):
+    """A replay whose copy runs on an SDMA engine while earlier work on its source is pending:
+    the copy reads what that work wrote."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    src, dst = d0.alloc(N * 8), d1.alloc(N * 8)
+    assert aiogpu.copy(src, np.zeros(N, np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        aiogpu.copy(dst, src)
+    exe = g.instantiate()
+    assert exe.engine_of, "the copy should be planned on an engine"
+    gate = Gate()
+    held = gate.launch(d0)
+    pending = d0.launch(add_const_n, grid=(N,), block=(N,), args=(src, 9, N), after=[held])
+    replay = exe.launch()
+    assert pending in replay.preds
+    gate.open()
+    assert replay.wait(20) and replay.exception() is None
+    out = dst.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == 9).all()
+
+
+def test_replay_tracks_the_buffers_of_patched_arguments(make_runtime):
+    """A replay with patched arguments becomes the last writer of the patched buffer, so a
+    later read of it waits for the replay."""
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    a, b = d0.alloc(N * 8), d0.alloc(N * 8)
+    assert aiogpu.gather(aiogpu.copy(a, np.zeros(N, np.int64)), aiogpu.copy(b, np.zeros(N, np.int64))).wait(20)
+    with aiogpu.Graph() as g:
+        node = d0.launch(add_const_n, grid=(N,), block=(N,), args=(a, 1, N))
+    exe = g.instantiate()
+    replay = exe.launch(args={node: (b, 5, N)})
+    assert b.last_write is replay and a.last_write is not replay
+    out = b.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == 5).all()
+
+
+def test_replay_copy_falls_back_to_a_shader_copy_when_its_engine_is_gone(make_runtime):
+    """The engine planned at instantiation is lost (as after a memory fault): the replay's copy
+    runs as a shader copy on a compute queue, and the data arrives."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    src, dst = d0.alloc(N * 8), d1.alloc(N * 8)
+    assert aiogpu.copy(src, np.arange(N, dtype=np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        a = d0.launch(add_const_n, grid=(N,), block=(N,), args=(src, 1, N))
+        aiogpu.copy(dst, src, after=[a])
+    exe = g.instantiate()
+    assert exe.engine_of
+    with rt.lock:
+        d0.engines.lose()
+    parts = []
+    real = exe._fallback_copy
+
+    def fallback(node, fut, dev, waits):
+        parts.append(fut)
+        return real(node, fut, dev, waits)
+
+    exe._fallback_copy = fallback
+    replay = exe.launch()
+    assert replay.wait(20) and replay.exception() is None
+    assert len(parts) == 1 and parts[0].queue in {q.name for q in d0.queues}
+    out = dst.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == np.arange(N) + 1).all()
+
+
+def test_captured_copies_of_distinct_host_arrays_are_independent(make_runtime):
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    b1, b2 = d0.alloc(N * 8), d0.alloc(N * 8)
+    h1, h2 = np.ones(N, np.int64), np.full(N, 2, np.int64)
+    with aiogpu.Graph() as g:
+        first = aiogpu.copy(b1, h1)
+        second = aiogpu.copy(b2, h2)
+        third = aiogpu.copy(h1, b2)          # writes h1: after the copy that read it
+    assert first not in second.deps
+    assert first in third.deps and second in third.deps
+    exe = g.instantiate()
+    assert exe.launch().wait(20)
+    assert (h1 == 2).all()
+
+
+def test_written_by_is_exact_over_the_range():
+    """Hazards.written_by: whether one future is the last writer of every byte of a range."""
+    hazards = Hazards()
+    a, b = GPUFuture(None, "a"), GPUFuture(None, "b")
+    hazards._record(0, 100, a, True)
+    hazards._record(40, 60, b, True)
+    assert hazards.host(0, 40).written_by(a)
+    assert hazards.host(60, 40).written_by(a)
+    assert not hazards.host(0, 100).written_by(a)
+    assert hazards.host(40, 20).written_by(b)
+    assert not hazards.host(30, 20).written_by(b)
+    assert not hazards.host(100, 10).written_by(a)      # bytes nobody wrote
+    assert not hazards.host(90, 20).written_by(a)       # runs past the written bytes
