@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 import aiogpu
 from aiogpu.ordering import Hazards
@@ -98,11 +99,15 @@ def test_replay_copy_falls_back_to_a_shader_copy_when_its_engine_is_gone(make_ru
         return real(node, fut, dev, waits)
 
     exe._fallback_copy = fallback
+    gate = Gate()
+    held = gate.launch(d1)
+    pending = d0.launch(add_const_n, grid=(N,), block=(N,), args=(src, 10, N), after=[held])
     replay = exe.launch()
-    assert replay.wait(20) and replay.exception() is None
     assert len(parts) == 1 and parts[0].queue in {q.name for q in d0.queues}
+    gate.open()
+    assert pending.wait(20) and replay.wait(20) and replay.exception() is None
     out = dst.to_numpy(np.int64)
-    assert out.wait(20) and (out.result() == np.arange(N) + 1).all()
+    assert out.wait(20) and (out.result() == np.arange(N) + 11).all()
 
 
 def test_captured_copies_of_distinct_host_arrays_are_independent(make_runtime):
@@ -134,3 +139,70 @@ def test_written_by_is_exact_over_the_range():
     assert not hazards.host(30, 20).written_by(b)
     assert not hazards.host(100, 10).written_by(a)      # bytes nobody wrote
     assert not hazards.host(90, 20).written_by(a)       # runs past the written bytes
+
+
+def test_a_shader_copy_node_runs_on_its_copy_device(make_runtime):
+    """A copy within gpu1 is a shader copy on one of gpu1's queues, not on another device."""
+    rt = make_runtime(gpus=2)
+    d1 = rt.devices[1]
+    a, b = d1.alloc(N * 8), d1.alloc(N * 8)
+    assert aiogpu.copy(b, np.full(N, 3, np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        node = aiogpu.copy(a, b)
+    exe = g.instantiate()
+    assert node.kind == "shader-copy" and exe.lane_of[node].device is d1
+    assert exe.launch().wait(20)
+    out = a.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == 3).all()
+
+
+def test_replayed_nodes_leave_their_queues_once_retired(make_runtime):
+    """Graph node futures are tracked in their queue while in flight and forgotten after."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    x, y = d0.alloc(N * 8), d1.alloc(N * 8)
+    assert aiogpu.copy(x, np.zeros(N, np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        a = d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 1, N))
+        b = aiogpu.copy(y, x, after=[a])
+        d1.launch(add_const_n, grid=(N,), block=(N,), args=(y, 1, N), after=[b])
+    exe = g.instantiate()
+    assert aiogpu.gather(*[exe.launch() for _ in range(3)]).wait(20)
+    out = y.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == 4).all()
+    with rt.lock:
+        assert all(not q.inflight for d in rt.devices for q in d.queues)
+
+
+def test_graph_misuse_raises_with_a_message_that_says_what_is_wrong(make_runtime):
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    x = d0.alloc(N * 8)
+    with pytest.raises(ValueError, match="an empty graph cannot be instantiated"):
+        aiogpu.Graph().instantiate()
+    with aiogpu.Graph() as g:
+        node = d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 1, N))
+    with pytest.raises(RuntimeError, match="not waitable; instantiate the graph"):
+        node.wait()
+    exe = g.instantiate()
+    for name in ("args", "grid", "block"):
+        with pytest.raises(TypeError, match=f"{name}= takes a dict of graph node"):
+            exe.launch(**{name: [node]})
+    with pytest.raises(ValueError, match="block entries must be between 1 and"):
+        exe.launch(block={node: (2048,)})
+    with pytest.raises(ValueError, match=r"patched grid \(16,\) / block \(4, 4\) .* inconsistent"):
+        exe.launch(block={node: (4, 4)})
+
+
+def test_newest_writer_of_a_host_range_is_the_latest_write_over_any_of_its_bytes():
+    hazards = Hazards()
+    a, b, c = (GPUFuture(None, n) for n in "abc")
+    for f in (a, b, c):
+        f.retired = False                      # in flight: pruning keeps them
+    hazards._record(50, 100, b, True)
+    hazards._record(0, 50, a, True)
+    assert hazards.host(0, 100).last_write is a
+    assert hazards.host(60, 10).last_write is b
+    hazards._record(70, 80, c, True)
+    assert hazards.host(0, 100).last_write is c
+    assert sorted(f.label for f in hazards.host(0, 100).writers()) == ["a", "b", "c"]
