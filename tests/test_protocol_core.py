@@ -178,3 +178,15 @@ def test_traced_work_carries_the_signals_dispatch_timestamps(make_runtime, tmp_p
     (rec,) = [r for r in tracer.records if r["name"] == fut.label]
     assert rec["device_times"] and rec["submit_ns"] <= rec["start_ns"] <= rec["end_ns"] <= done
     assert rec["end_ns"] >= opened, "the kernel cannot end before its gate opened"
+
+
+def test_more_than_five_dependencies_chain_over_barrier_packets():
+    """Rule 5: five signals a barrier-AND packet; each signal waited on once; the completion
+    signal on the last packet only."""
+    signals = list(range(101, 113))                     # 12: three packets
+    pkts = queues.barrier_and_packets(signals, completion=7, barrier=True)
+    assert len(pkts) == 3
+    waited = [p.dep_signal[j].handle for p, _ in pkts for j in range(P.BARRIER_MAX_DEPS) if p.dep_signal[j].handle]
+    assert waited == signals
+    assert [p.completion_signal.handle for p, _ in pkts] == [0, 0, 7]
+    assert [P.header_barrier(h) for _, h in pkts] == [True, False, False]

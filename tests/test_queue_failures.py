@@ -9,7 +9,7 @@ import pytest
 import aiogpu
 from aiogpu.futures import cause_chain
 from aiogpu.hsa_bindings.emulator import InjectedFault
-from gpu_kernels import Gate, add_const_n
+from gpu_kernels import Gate, add_const_n, add_into
 
 N = 16
 
@@ -77,3 +77,63 @@ def test_capture_rejects_foreign_dependencies_and_runtimes(make_runtime):
         with pytest.raises(ValueError, match="a graph captures the operations of one runtime"):
             other.devices[0].launch(add_const_n, grid=(N,), block=(N,), args=(other.devices[0].alloc(N * 8), 1, N))
     assert first.nodes == [node]
+
+
+def test_dependents_of_failed_work_carry_its_status(make_runtime):
+    """Reading what failed work wrote fails before anything runs, with the failure's status."""
+    rt = make_runtime(gpus=2, queues_per_device=1)
+    rt.api.emulator.faults.queue_error_at(2, agent=0)
+    gate, first, _ = _pending_behind_a_gate(rt)
+    gate.open()
+    assert first.wait(20)
+    (buf,) = [b for b in first.keep if isinstance(b, aiogpu.Buffer)] or [None]
+    d0 = rt.devices[0]
+    reader = d0.launch(add_into, grid=(N,), block=(N,), args=(d0.alloc(N * 8), buf, N))
+    assert reader.wait(20)
+    exc = reader.exception()
+    assert isinstance(exc, aiogpu.GPUError) and "a dependency failed" in str(exc)
+    assert exc.status == first.exception().status is not None
+
+
+def test_overwriting_what_a_failed_reader_read_does_not_fail(make_runtime):
+    """Write after read only orders: a reader that failed (its queue died while it waited for
+    an earlier writer) does not fail the next writer of what it read, which still comes after
+    that earlier writer."""
+    rt = make_runtime(gpus=2, queues_per_device=2)
+    d0, d1 = rt.devices
+    buf, out = d0.alloc(N * 8), d0.alloc(N * 8)
+    assert aiogpu.gather(aiogpu.copy(buf, np.zeros(N, np.int64)), aiogpu.copy(out, np.zeros(N, np.int64))).wait(20)
+    gate = Gate()
+    held = gate.launch(d1)
+    late = aiogpu.copy(buf, np.full(N, 5, np.int64), after=[held])
+    rt.api.emulator.faults.queue_error_at(1, agent=0)
+    reader = d0.launch(add_into, grid=(N,), block=(N,), args=(out, buf, N))
+    assert reader.wait(20) and isinstance(reader.exception(), aiogpu.GPUError)
+    assert not reader.retired
+    overwrite = aiogpu.copy(buf, np.full(N, 7, np.int64))
+    gate.open()
+    assert late.wait(20) and overwrite.wait(20)
+    assert overwrite.exception() is None
+    got = buf.to_numpy(np.int64)
+    assert got.wait(20) and (got.result() == 7).all()
+
+
+def test_replay_reading_host_memory_still_waits_for_writers_of_its_other_inputs(make_runtime):
+    """A replay's inputs are all ordered, whatever comes first among them (here a host array)."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    b1, b2, c = (d0.alloc(N * 8) for _ in range(3))
+    assert aiogpu.gather(*(aiogpu.copy(b, np.zeros(N, np.int64)) for b in (b1, b2, c))).wait(20)
+    host = np.full(N, 2, np.int64)
+    with aiogpu.Graph() as g:
+        aiogpu.copy(b1, host)
+        d0.launch(add_into, grid=(N,), block=(N,), args=(b2, c, N))
+    exe = g.instantiate()
+    gate = Gate()
+    held = gate.launch(d1)
+    pending = d0.launch(add_const_n, grid=(N,), block=(N,), args=(c, 6, N), after=[held])
+    replay = exe.launch()
+    gate.open()
+    assert pending.wait(20) and replay.wait(20) and replay.exception() is None
+    got = b2.to_numpy(np.int64)
+    assert got.wait(20) and (got.result() == 6).all()
