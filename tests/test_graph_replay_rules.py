@@ -206,3 +206,20 @@ def test_newest_writer_of_a_host_range_is_the_latest_write_over_any_of_its_bytes
     hazards._record(70, 80, c, True)
     assert hazards.host(0, 100).last_write is c
     assert sorted(f.label for f in hazards.host(0, 100).writers()) == ["a", "b", "c"]
+
+
+def test_a_lane_exceeding_the_ring_replays_in_parts(make_runtime):
+    """100 chained launches on a ring of 64 packets: the lane goes in parts that each fit, in
+    order; two replays give exactly twice the increments."""
+    rt = make_runtime(gpus=1, queues_per_device=1, ring_size=64)
+    d0 = rt.devices[0]
+    assert d0.queues[0].size == 64
+    x = d0.alloc(N * 8)
+    assert aiogpu.copy(x, np.zeros(N, np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        for i in range(100):
+            d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, i, N))
+    exe = g.instantiate()
+    assert aiogpu.gather(exe.launch(), exe.launch()).wait(60)
+    out = x.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == 2 * sum(range(100))).all()
