@@ -15,7 +15,7 @@ N = 16
 
 
 def _pending_behind_a_gate(rt):
-    """(gate, first, second): two launches on gpu0's only queue, the first after a gated kernel
+    """(gate, first, second, buffer first writes): two launches on gpu0's only queue, the first after a gated kernel
     of gpu1 (so nothing of gpu0 is processed before the gate opens)."""
     d0, d1 = rt.devices
     a, b = d0.alloc(N * 8), d0.alloc(N * 8)
@@ -25,13 +25,13 @@ def _pending_behind_a_gate(rt):
     first = d0.launch(add_const_n, grid=(N,), block=(N,), args=(a, 1, N), after=[held])
     second = d0.launch(add_const_n, grid=(N,), block=(N,), args=(b, 1, N))
     assert first.queue == second.queue == d0.queues[0].name
-    return gate, first, second
+    return gate, first, second, a
 
 
 def test_a_queue_error_names_queue_packet_and_cause_for_the_failed_and_its_queue_mates(make_runtime):
     rt = make_runtime(gpus=2, queues_per_device=1)
     rt.api.emulator.faults.queue_error_at(2, agent=0)     # the first launch's dispatch packet
-    gate, first, second = _pending_behind_a_gate(rt)
+    gate, first, second, _ = _pending_behind_a_gate(rt)
     gate.open()
     assert first.wait(20) and second.wait(20)
     queue = rt.devices[0].queues[0]
@@ -49,7 +49,7 @@ def test_abort_fails_pending_work_naming_queue_and_packet(make_runtime):
     """Work pending on an aborted queue, none of it the one to blame (as after a memory fault,
     which names no packet): each fails with the abort's error, its queue and its packet."""
     rt = make_runtime(gpus=2, queues_per_device=1)
-    gate, first, second = _pending_behind_a_gate(rt)
+    gate, first, second, _ = _pending_behind_a_gate(rt)
     queue = rt.devices[0].queues[0]
     with rt.lock:
         queue.abort(aiogpu.GPUError("evicted for the test", status=41), -1)
@@ -83,10 +83,9 @@ def test_dependents_of_failed_work_carry_its_status(make_runtime):
     """Reading what failed work wrote fails before anything runs, with the failure's status."""
     rt = make_runtime(gpus=2, queues_per_device=1)
     rt.api.emulator.faults.queue_error_at(2, agent=0)
-    gate, first, _ = _pending_behind_a_gate(rt)
+    gate, first, _, buf = _pending_behind_a_gate(rt)
     gate.open()
     assert first.wait(20)
-    (buf,) = [b for b in first.keep if isinstance(b, aiogpu.Buffer)] or [None]
     d0 = rt.devices[0]
     reader = d0.launch(add_into, grid=(N,), block=(N,), args=(d0.alloc(N * 8), buf, N))
     assert reader.wait(20)
