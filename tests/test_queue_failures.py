@@ -14,12 +14,15 @@ from gpu_kernels import Gate, add_const_n, add_into
 N = 16
 
 
-def _pending_behind_a_gate(rt):
-    """(gate, first, second, buffer first writes): two launches on gpu0's only queue, the first after a gated kernel
-    of gpu1 (so nothing of gpu0 is processed before the gate opens)."""
+def _pending_behind_a_gate(rt, error_at=None):
+    """(gate, first, second, buffer first writes): two launches on gpu0's only queue, the first
+    after a gated kernel of gpu1 (so gpu0 processes only its barrier before the gate opens).
+    ``error_at``: arm a queue error at that packet of gpu0 from then on (1: that barrier)."""
     d0, d1 = rt.devices
     a, b = d0.alloc(N * 8), d0.alloc(N * 8)
     assert aiogpu.gather(aiogpu.copy(a, np.zeros(N, np.int64)), aiogpu.copy(b, np.zeros(N, np.int64))).wait(20)
+    if error_at is not None:      # armed once the uploads (which may be shader copies) are done
+        rt.api.emulator.faults.queue_error_at(error_at, agent=0)
     gate = Gate()
     held = gate.launch(d1)
     first = d0.launch(add_const_n, grid=(N,), block=(N,), args=(a, 1, N), after=[held])
@@ -30,8 +33,7 @@ def _pending_behind_a_gate(rt):
 
 def test_a_queue_error_names_queue_packet_and_cause_for_the_failed_and_its_queue_mates(make_runtime):
     rt = make_runtime(gpus=2, queues_per_device=1)
-    rt.api.emulator.faults.queue_error_at(2, agent=0)     # the first launch's dispatch packet
-    gate, first, second, _ = _pending_behind_a_gate(rt)
+    gate, first, second, _ = _pending_behind_a_gate(rt, error_at=2)    # the first launch's dispatch
     gate.open()
     assert first.wait(20) and second.wait(20)
     queue = rt.devices[0].queues[0]
@@ -82,8 +84,7 @@ def test_capture_rejects_foreign_dependencies_and_runtimes(make_runtime):
 def test_dependents_of_failed_work_carry_its_status(make_runtime):
     """Reading what failed work wrote fails before anything runs, with the failure's status."""
     rt = make_runtime(gpus=2, queues_per_device=1)
-    rt.api.emulator.faults.queue_error_at(2, agent=0)
-    gate, first, _, buf = _pending_behind_a_gate(rt)
+    gate, first, _, buf = _pending_behind_a_gate(rt, error_at=2)
     gate.open()
     assert first.wait(20)
     d0 = rt.devices[0]
