@@ -190,3 +190,25 @@ def test_more_than_five_dependencies_chain_over_barrier_packets():
     assert waited == signals
     assert [p.completion_signal.handle for p, _ in pkts] == [0, 0, 7]
     assert [P.header_barrier(h) for _, h in pkts] == [True, False, False]
+
+
+def test_signal_pool_keeps_interrupt_signals_bounded_and_reuses_them(make_runtime):
+    """At most ``max_interrupt`` signals with KFD events; beyond that busy-wait signals; a
+    released interrupt signal is handed out again before any busy-wait one, reading 1."""
+    from aiogpu.signals import SignalPool, has_interrupt_event
+    rt = make_runtime(gpus=1)
+    pool = SignalPool(rt.api, max_interrupt=2)
+    try:
+        handles = [pool.acquire() for _ in range(3)]
+        assert pool.created == 3 and pool.in_use == 3
+        assert [h in pool.interrupt for h in handles] == [True, True, False]
+        assert [has_interrupt_event(h) for h in handles] == [True, True, False]
+        for h in handles:
+            rt.api.hsa_signal_store_relaxed(T.hsa_signal_t(h), 0)     # "completed"
+            pool.release(h)
+        again = [pool.acquire() for _ in range(2)]
+        assert set(again) == set(handles[:2]), "interrupt signals come back first"
+        assert all(pool.views[h].value == 1 for h in again)
+        assert pool.created == 3
+    finally:
+        pool.destroy()

@@ -2,8 +2,9 @@
 
 Runs ``mutmut`` (configured in pyproject.toml's ``[tool.mutmut]``: which files, which tests) over
 every mutant, or over a seeded random sample of N mutants per file (the whole run takes hours on
-a 2-core machine), then prints killed / checked per file. A timeout (the tests hung) counts as
-killed; a mutant no selected test reaches counts as survived. Needs the ``mutation`` extra.
+a 2-core machine), then prints killed / checked per file and the mutants not killed. A timeout
+(the tests hung) or a crash (segfault) counts as killed; a mutant no selected test reaches counts
+as survived. ``--report`` prints the last run's results only. Needs the ``mutation`` extra.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import re
 import subprocess
 import sys
 
-KILLED = {"killed", "timeout"}
+KILLED = {"killed", "timeout", "segfault"}
 
 
 def results() -> dict[str, str]:
@@ -32,15 +33,18 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=0, help="mutants per file (0: all)")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--report", action="store_true", help="report the last run's results; run nothing")
     args = ap.parse_args()
-    subprocess.run(["mutmut", "run", "--max-children", "1", "__none__"], capture_output=True)  # generate
+    if not args.report:     # mutmut generates the mutants, then refuses the unknown name
+        subprocess.run(["mutmut", "run", "--max-children", "1", "__none__"], capture_output=True)
     names = sorted(results())
     if args.sample:
         rng, by_file = random.Random(args.seed), collections.defaultdict(list)
         for name in names:
             by_file[module(name)].append(name)
         names = sorted(n for group in by_file.values() for n in rng.sample(group, min(args.sample, len(group))))
-    subprocess.run(["mutmut", "run", "--max-children", str(args.max_children), *names], check=False)
+    if not args.report:
+        subprocess.run(["mutmut", "run", "--max-children", str(args.max_children), *names], check=False)
     status = results()
     table = collections.defaultdict(collections.Counter)
     for name in names:
