@@ -239,6 +239,14 @@ class AqlQueue:
         fut._cleanup.append(lambda: self.retired(fut))
         return fut
 
+    def holds(self, fut: GPUFuture) -> bool:
+        """Whether ``fut``'s packets are in this HSA queue, published and not retired, so that a
+        later packet's barrier bit orders after them. False for work of an earlier HSA queue
+        under the same name: ``abort`` destroyed that one and, while such work waits to retire
+        after its predecessors (``FutureHub.retire_failed``), only its signal says when it has.
+        (Back-logged work is waited for by its signal too: correct, if not the cheapest.)"""
+        return fut in self.inflight
+
     def has_room(self, n: int) -> bool:
         write = self.api.hsa_queue_load_write_index_relaxed(self._q)
         read = self.api.hsa_queue_load_read_index_scacquire(self._q)

@@ -7,6 +7,7 @@ emulator's fault injection or its internals take ``make_runtime``.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -60,8 +61,12 @@ def test_waiter_survives_a_group_that_fails_to_publish(make_runtime, monkeypatch
     d0 = rt.devices[0]
     gate = Gate()
     held = gate.launch(d0)
-    # The gate's packet is launched (its slot is free again: the read index moved past it);
+    # Once the gate's packet is launched its slot is free again (the read index moved past it);
     # behind a barrier the packet processor launches nothing more, so 4 fills fill the ring.
+    # (Wait for that launch: under load the processor may not have taken the packet yet.)
+    queue = d0.queues[0]
+    while rt.api.hsa_queue_load_read_index_scacquire(queue._q) <= held.packet:
+        time.sleep(0.001)
     fill = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(4)]
     victim = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
     later = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))

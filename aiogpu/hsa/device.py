@@ -116,12 +116,14 @@ class HsaDevice(Device):
 
     def _wait_packets(self, fut: GPUFuture, queue: AqlQueue, deps: dict) -> tuple[list, bool]:
         """Barrier-AND packets for dependencies on other queues/engines/devices, and whether the
-        first packet needs the barrier bit (a dependency earlier in the same queue)."""
+        first packet needs the barrier bit (a dependency whose packets are earlier in this very
+        HSA queue; one left over from the queue's previous incarnation, destroyed by an error,
+        is waited for by its signal like any other: see ``AqlQueue.holds``)."""
         hub, barrier, signals = self.runtime.hub, False, []
         for dep, semantic in deps.items():
             if dep.retired:
                 continue
-            if dep.queue == queue.name:
+            if queue.holds(dep):
                 barrier = True
                 if semantic:
                     dep.add_dependent(fut)

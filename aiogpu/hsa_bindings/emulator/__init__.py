@@ -531,11 +531,14 @@ class EmulatedLibrary:
 
     @hsa_function
     def hsa_amd_queue_set_priority(self, queue: Any, priority: int) -> int:
-        """Accepted (one priority level is emulated); a suspended queue is INVALID_QUEUE, as in ROCr."""
+        """Records the priority (``Queue.priority``; the emulated packet processors all run
+        alike); a suspended queue is INVALID_QUEUE, an unknown priority INVALID_ARGUMENT, as in
+        ROCr (hsa_amd_queue_set_priority -> AqlQueue::SetPriority)."""
         q = self._queue(queue)
         require(not q.processor.suspended, T.HSA_STATUS_ERROR_INVALID_QUEUE, "queue suspended by an error")
         require(T.HSA_AMD_QUEUE_PRIORITY_LOW <= priority <= T.HSA_AMD_QUEUE_PRIORITY_HIGH,
                 T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"priority {priority}")
+        q.priority = int(priority)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function

@@ -76,6 +76,8 @@ class Queue:
         self.lock = threading.Lock()
         self.alive = True
         self.event = 0  # the KFD event ROCr gives each AQL queue
+        # ROCr's AqlQueue starts at HSA_AMD_QUEUE_PRIORITY_NORMAL; hsa_amd_queue_set_priority changes it.
+        self.priority = T.HSA_AMD_QUEUE_PRIORITY_NORMAL
         self.processor: Any = None
         self._mm = mmap.mmap(-1, PAGE + size * packets.PACKET_SIZE)
         holder = ctypes.c_char.from_buffer(self._mm)
