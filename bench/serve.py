@@ -225,25 +225,34 @@ async def serve_forever(compute: Any, close: Any, *, path: str = "/work", freeze
 
 # -- the load ------------------------------------------------------------------------------------
 async def load(args: argparse.Namespace) -> dict:
-    import aiohttp
-
-    url = f"http://127.0.0.1:{args.port}"
     rng = np.random.default_rng(1)
     payloads = [rng.standard_normal(args.n).astype(np.float32) for _ in range(16)]
     expect = [(2.0 * p + 1.0).astype(np.float32).tobytes() for p in payloads]
-    bodies = [p.tobytes() for p in payloads]
+    got = await drive(args.port, "/work", [p.tobytes() for p in payloads], lambda k, body: body == expect[k],
+                      clients=args.clients, warmup=args.warmup, duration=args.duration)
+    return {**got, "n": args.n}
+
+
+async def drive(port: str, path: str, bodies: list[bytes], right: Any, *, clients: int, warmup: float,
+                duration: float) -> dict:
+    """``clients`` concurrent clients posting ``bodies`` (in turn) to ``path`` for ``warmup``
+    then ``duration`` seconds; each answer checked with ``right(index, body)``. Returns req/s,
+    latency p50/p99, wrong answers and errors over ``duration``, with the server's ``/stats``."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}"
     latencies: list[float] = []
     counts = {"wrong": 0, "errors": 0}
     measuring = [False]
-    deadline = [0.0]
+    deadline = time.perf_counter() + warmup + duration
 
     async def client(i: int, session: aiohttp.ClientSession) -> None:
         k = i
-        while time.perf_counter() < deadline[0]:
+        while time.perf_counter() < deadline:
             k = (k + 1) % len(bodies)
             t = time.perf_counter()
             try:
-                async with session.post(url + "/work", data=bodies[k]) as resp:
+                async with session.post(url + path, data=bodies[k]) as resp:
                     got = await resp.read()
                     ok = resp.status == 200
             except aiohttp.ClientError:
@@ -254,16 +263,15 @@ async def load(args: argparse.Namespace) -> dict:
             latencies.append(time.perf_counter() - t)
             if not ok:
                 counts["errors"] += 1
-            elif got != expect[k]:
+            elif not right(k, got):
                 counts["wrong"] += 1
 
-    connector = aiohttp.TCPConnector(limit=args.clients)
+    connector = aiohttp.TCPConnector(limit=clients)
     # Control requests go through a session of their own: the load keeps every connection of
     # the other one busy.
     async with aiohttp.ClientSession(connector=connector) as session, aiohttp.ClientSession() as control:
-        deadline[0] = time.perf_counter() + args.warmup + args.duration
-        tasks = [asyncio.ensure_future(client(i, session)) for i in range(args.clients)]
-        await asyncio.sleep(args.warmup)
+        tasks = [asyncio.ensure_future(client(i, session)) for i in range(clients)]
+        await asyncio.sleep(warmup)
         async with control.post(url + "/reset") as resp:
             await resp.read()
         measuring[0] = True
@@ -277,7 +285,7 @@ async def load(args: argparse.Namespace) -> dict:
             "p99_ms": float(np.percentile(lat, 99)), "lag_p99_ms": server["lag_p99_ms"],
             "lag_max_ms": server["lag_max_ms"], "wrong": counts["wrong"], "errors": counts["errors"],
             "gc_pauses": server["gc_pauses"], "gc_pause_max_ms": server["gc_pause_max_ms"],
-            "gc_pause_total_ms": server["gc_pause_total_ms"], "requests": len(latencies), "clients": args.clients, "n": args.n}
+            "gc_pause_total_ms": server["gc_pause_total_ms"], "requests": len(latencies), "clients": clients}
 
 
 # -- the orchestrator ------------------------------------------------------------------------------

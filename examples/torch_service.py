@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-from serve import serve_forever  # noqa: E402  (bench/serve.py: the service harness, heartbeat and all)
+from serve import drive, serve_forever  # noqa: E402  (bench/serve.py: the service harness, heartbeat and all)
 
 IN, HIDDEN, OUT = 256, 512, 64
 
@@ -139,52 +139,16 @@ async def serve(streams: int) -> None:
 
 # -- the load ------------------------------------------------------------------------------------------
 async def load(port: str, clients: int, duration: float, warmup: float) -> dict:
-    import aiohttp
     model = model_on("cpu")
     rng = np.random.default_rng(1)
     inputs = [rng.random(IN, dtype=np.float32) for _ in range(16)]
     expect = [reference(model, x) for x in inputs]
-    url = f"http://127.0.0.1:{port}"
-    latencies: list[float] = []
-    counts = {"wrong": 0, "errors": 0}
-    measuring = [False]
-    deadline = time.perf_counter() + warmup + duration
 
-    async def client(i: int, session: aiohttp.ClientSession) -> None:
-        k = i
-        while time.perf_counter() < deadline:
-            k = (k + 1) % len(inputs)
-            t = time.perf_counter()
-            try:
-                async with session.post(url + "/infer", data=inputs[k].tobytes()) as resp:
-                    body, ok = await resp.read(), resp.status == 200
-            except aiohttp.ClientError:
-                counts["errors"] += 1
-                continue
-            if not measuring[0]:
-                continue
-            latencies.append(time.perf_counter() - t)
-            if not ok:
-                counts["errors"] += 1
-            elif not np.allclose(np.frombuffer(body, np.float32), expect[k], rtol=1e-3, atol=1e-4):
-                counts["wrong"] += 1
+    def right(k: int, body: bytes) -> bool:
+        return bool(np.allclose(np.frombuffer(body, np.float32), expect[k], rtol=1e-3, atol=1e-4))
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session, \
-            aiohttp.ClientSession() as control:
-        tasks = [asyncio.ensure_future(client(i, session)) for i in range(clients)]
-        await asyncio.sleep(warmup)
-        async with control.post(url + "/reset") as resp:
-            await resp.read()
-        measuring[0] = True
-        t0 = time.perf_counter()
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - t0
-        async with control.get(url + "/stats") as resp:
-            server = await resp.json()
-    lat = np.array(latencies or [float("nan")]) * 1e3
-    return {"req_per_s": len(latencies) / elapsed, "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "lag_p99_ms": server["lag_p99_ms"],
-            "lag_max_ms": server["lag_max_ms"], "requests": len(latencies), "clients": clients, **counts}
+    return await drive(port, "/infer", [x.tobytes() for x in inputs], right, clients=clients,
+                       warmup=warmup, duration=duration)
 
 
 def main(argv: list[str] | None = None) -> int:
