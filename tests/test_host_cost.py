@@ -278,3 +278,38 @@ def test_a_buffer_dropped_in_another_thread_never_waits_for_the_lock(any_rt):
     assert again.address == address                  # given back, and reused
     again.free()
     assert any_rt.stats()["small_allocations"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_request_leaves_no_cyclic_garbage(rt):
+    """The README's request shape (alloc, upload, launch, download, free) leaves nothing that
+    only the cyclic collector frees: no Buffer (one referred to itself), no ctypes pointer (the
+    emulator's argument decoding cast each call's pointer, which ties it to itself). Each would
+    be a collection pause in a service."""
+    import ctypes
+
+    d0 = rt.devices[0]
+
+    async def request() -> None:
+        x = d0.alloc(4096)
+        aiogpu.copy(x, np.zeros(1024, np.float32))
+        d0.launch(scale, grid=(1024,), block=(256,), args=(x, 2.0, 1024))
+        await x.to_numpy(np.float32)
+        x.free()
+
+    for _ in range(5):
+        await request()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(50):
+            await request()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        leftovers = [type(o).__name__ for o in gc.garbage
+                     if isinstance(o, (aiogpu.Buffer, ctypes._Pointer, aiogpu.GPUFuture))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert leftovers == []

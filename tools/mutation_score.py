@@ -16,11 +16,12 @@ import subprocess
 import sys
 
 KILLED = {"killed", "timeout", "segfault"}
+MUTMUT = [sys.executable, "-m", "mutmut"]     # the one installed beside this interpreter
 
 
 def results() -> dict[str, str]:
     """{mutant name: status} as mutmut reports them."""
-    out = subprocess.run(["mutmut", "results", "--all", "true"], capture_output=True, text=True, check=True)
+    out = subprocess.run([*MUTMUT, "results", "--all", "true"], capture_output=True, text=True, check=True)
     return dict(re.findall(r"^\s*(\S+): (.+?)\s*$", out.stdout, re.M))
 
 
@@ -33,18 +34,19 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=0, help="mutants per file (0: all)")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--max-children", type=int, default=2)
+    ap.add_argument("--only", default="", help="files whose module name contains this (e.g. signals)")
     ap.add_argument("--report", action="store_true", help="report the last run's results; run nothing")
     args = ap.parse_args()
     if not args.report:     # mutmut generates the mutants, then refuses the unknown name
-        subprocess.run(["mutmut", "run", "--max-children", "1", "__none__"], capture_output=True)
-    names = sorted(results())
+        subprocess.run([*MUTMUT, "run", "--max-children", "1", "__none__"], capture_output=True)
+    names = sorted(n for n in results() if args.only in module(n))
     if args.sample:
         rng, by_file = random.Random(args.seed), collections.defaultdict(list)
         for name in names:
             by_file[module(name)].append(name)
         names = sorted(n for group in by_file.values() for n in rng.sample(group, min(args.sample, len(group))))
     if not args.report:
-        subprocess.run(["mutmut", "run", "--max-children", str(args.max_children), *names], check=False)
+        subprocess.run([*MUTMUT, "run", "--max-children", str(args.max_children), *names], check=False)
     status = results()
     table = collections.defaultdict(collections.Counter)
     for name in names:

@@ -62,6 +62,11 @@ def address_of(pointer: Any) -> int:
         return 0
     if isinstance(pointer, int):
         return pointer
+    if isinstance(pointer, (ctypes._Pointer, ctypes.c_void_p, ctypes.c_char_p)):
+        # The value read in place: ctypes.cast would store ``pointer`` in its own _objects
+        # dict, a reference cycle per call (each call's argument is a new pointer object),
+        # left to the cyclic garbage collector.
+        return ctypes.c_void_p.from_address(ctypes.addressof(pointer)).value or 0
     return ctypes.cast(pointer, ctypes.c_void_p).value or 0
 
 
