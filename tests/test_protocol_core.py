@@ -13,6 +13,7 @@ import time
 import types
 
 import numpy as np
+import pytest
 
 import aiogpu
 from aiogpu import queues
@@ -212,3 +213,61 @@ def test_signal_pool_keeps_interrupt_signals_bounded_and_reuses_them(make_runtim
         assert pool.created == 3
     finally:
         pool.destroy()
+
+
+def test_a_signal_without_a_kfd_event_is_never_waited_on_as_an_interrupt_signal(make_runtime):
+    """Past KFD's event limit ROCr hands out signals without an event: the pool must count them
+    as busy-wait signals (a wait_any on them would spin) and stop asking for events."""
+    from aiogpu.signals import SignalPool, has_interrupt_event
+    rt = make_runtime(gpus=1, emulator_event_limit=64)
+    pool = SignalPool(rt.api, max_interrupt=1000)
+    try:
+        handles = [pool.acquire() for _ in range(80)]
+        assert all(has_interrupt_event(h) for h in pool.interrupt)
+        eventless = [h for h in handles if not has_interrupt_event(h)]
+        assert eventless and not any(h in pool.interrupt for h in eventless)
+        assert not pool._events_left
+    finally:
+        pool.destroy()
+
+
+def test_failed_signal_creation_names_the_call(make_runtime, monkeypatch):
+    """A failing signal constructor raises HsaError naming the HSA call that failed."""
+    from aiogpu.errors import HsaError
+    from aiogpu.signals import SignalPool
+    rt = make_runtime(gpus=1)
+    failing = lambda *args: T.HSA_STATUS_ERROR_OUT_OF_RESOURCES  # noqa: E731
+    monkeypatch.setattr(rt.api, "hsa_amd_signal_create", failing)
+    monkeypatch.setattr(rt.api, "hsa_signal_create", failing)
+    with pytest.raises(HsaError, match=r"^hsa_amd_signal_create failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES"):
+        SignalPool(rt.api, max_interrupt=0).acquire()
+    with pytest.raises(HsaError, match=r"^hsa_signal_create failed"):
+        SignalPool(rt.api, max_interrupt=4).acquire()
+    with pytest.raises(HsaError, match=r"^hsa_signal_create failed"):
+        rt.hub._create_wake_signal()
+
+
+def test_timestamp_frequency_comes_from_the_system_or_defaults_to_nanoseconds(make_runtime, monkeypatch):
+    rt = make_runtime(gpus=1)
+    freq = ctypes.c_uint64(0)
+    rt.api.hsa_system_get_info(T.HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY, ctypes.byref(freq))
+    assert freq.value > 1 and rt.hub._timestamp_frequency() == freq.value
+    monkeypatch.setattr(rt.api, "hsa_system_get_info", lambda *args: T.HSA_STATUS_SUCCESS)   # says nothing
+    assert rt.hub._timestamp_frequency() == 1_000_000_000
+
+
+def test_the_waiter_sleeps_while_work_is_pending_and_wakes_when_it_completes(make_runtime):
+    """While a kernel is held and nothing completes, the waiter thread blocks in wait_any (it
+    wakes only for its lost-wakeup guard, every 0.1 s): it never spins. Its completion wakes it."""
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    g = Gate()
+    held = g.launch(d0)
+    time.sleep(0.05)
+    before = rt.hub.wakeups
+    time.sleep(0.5)
+    idle = rt.hub.wakeups - before
+    assert idle < 50, f"the waiter woke {idle} times in 0.5 s with nothing completing"
+    g.open()
+    assert held.wait(10)
+    assert rt.hub.wakeups > before
