@@ -157,7 +157,16 @@ def _run_all(rt: Any, ready: list) -> None:
 
 
 def _run(rt: Any, fut: Deferred) -> None:
-    rt._deferred.discard(fut)
+    # ``fut`` leaves ``rt._deferred`` only once its work is submitted (watched by the hub) or it
+    # failed: ``close`` reads the deferred set, then the hub's pending count, without the lock,
+    # and must never see neither.
+    try:
+        _submit_deferred(rt, fut)
+    finally:
+        rt._deferred.discard(fut)
+
+
+def _submit_deferred(rt: Any, fut: Deferred) -> None:
     hub = rt.hub
     if fut._state != PENDING:               # abandoned by close meanwhile
         hub.retire_failed(fut)

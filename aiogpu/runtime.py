@@ -660,9 +660,10 @@ class Runtime:
                 return
             self.closed = True
         deadline = time.monotonic() + timeout
-        while (self.hub.pending_count or self._deferred) and time.monotonic() < deadline:
+        # The deferred set first: deferred work leaves it only once submitted (deferred._run).
+        while (self._deferred or self.hub.pending_count) and time.monotonic() < deadline:
             self.hub.poll()
-            if self.hub.pending_count or self._deferred:
+            if self._deferred or self.hub.pending_count:
                 time.sleep(0.002)
         with self.lock:
             self._abandoning = True

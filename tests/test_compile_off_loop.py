@@ -351,3 +351,26 @@ def test_comgr_code_objects_come_from_the_disk_cache(tmp_path, monkeypatch):
     assert comgr.compile_opencl(src, "gfx90a") == first, "a corrupted entry is compiled again"
     assert compile_cache.get(entries[0].name) == first, "and rewritten"
     assert comgr.compile_opencl(src, "gfx908") != first, "keyed by the ISA"
+
+
+def test_deferred_work_stays_deferred_until_it_is_submitted(make_runtime, slow_compiler, monkeypatch):
+    """``close`` waits while work is deferred or pending, reading both without the lock: deferred
+    work must still be in the deferred set while it is being submitted (it used to leave the
+    set first, and a close in that window abandoned work that was just being submitted)."""
+    rt = make_runtime()
+    d0 = rt.devices[0]
+    slow_add_one, _, _ = make_kernels()
+    slow_compiler["delay"] = 0.05
+    seen = []
+    submit = HsaDevice._submit_kernel
+
+    def watching(self, *args, **kwargs):
+        if threading.current_thread().name.startswith("aiogpu-compile"):
+            seen.append(len(rt._deferred))
+        return submit(self, *args, **kwargs)
+
+    monkeypatch.setattr(HsaDevice, "_submit_kernel", watching)
+    y = d0.alloc(64)
+    k = d0.launch(slow_add_one, (16,), (16,), (y, 16))
+    assert k.wait(10) and k.exception() is None
+    assert seen == [1] and not rt._deferred
