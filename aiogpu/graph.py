@@ -133,6 +133,7 @@ class GraphExec:
         self.runtime = graph.runtime
         self.nodes = list(graph.nodes)
         self.replays = 0
+        self._unpatched: tuple[list, list, list] | None = None   # see _unpatched_buffers
 
     def launch(self, args: Mapping[GraphNode, tuple] | None = None, *,
                grid: Mapping[GraphNode, Any] | None = None,
@@ -193,7 +194,7 @@ class GraphExec:
     def _unpatched_buffers(self) -> tuple[list, list, list]:
         """``_buffers({})``, computed once: the nodes and their arguments never change, so an
         unpatched replay only re-checks that its buffers are still allocated."""
-        cached = self.__dict__.get("_unpatched")
+        cached = self._unpatched
         if cached is None:
             cached = self._unpatched = self._buffers({})
         else:
