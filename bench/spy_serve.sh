@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# py-spy of the service benchmark's server (all threads, GIL-holding samples and all samples).
+set -uo pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null
+export PYTHONPATH=/tmp/site:$PWD
+SPY=/tmp/site/bin/py-spy; [ -x $SPY ] || SPY=$(ls /tmp/site/*/py-spy 2>/dev/null | head -1)
+echo "spy: $SPY"
+MODE=${MODE:-aiogpu}; WORK=${WORK:-trivial}
+for gil in "" "--gil"; do
+  tag=${gil:+gil}; tag=${tag:-all}
+  timeout 120 $SPY record $gil --threads --subprocesses --rate 500 --format raw -o "$OUT/spy_${MODE}_${WORK}_$tag.txt" -- \
+    python3 bench/serve.py --backend cuda --modes $MODE --work $WORK --duration ${SERVE_S:-5} 2>&1 | tail -5
+done
