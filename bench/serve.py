@@ -12,13 +12,16 @@ work per request:
   request's bytes, the kernels, ``await y.to_numpy()``, two ``free``;
 - ``torch_executor``: PyTorch in ``loop.run_in_executor`` (the default thread pool);
 - ``torch_blocking``: PyTorch called in the handler (blocks the loop while it synchronises);
-- ``cupy_executor``: CuPy in ``loop.run_in_executor``.
+- ``cupy_executor``: CuPy in ``loop.run_in_executor``;
+- ``host_only`` (not run by default): NumPy on the loop, no GPU: aiohttp's own ceiling here.
 
 The server runs on uvloop (``--loop asyncio`` for plain asyncio); a heartbeat task sleeps 1 ms at a
 time and records how late it wakes (the event-loop lag). The load process keeps ``--clients``
 requests in flight for ``--duration`` seconds after a warm-up, checks every answer, and records
 latencies. One JSON entry per ``mode/work``: ``req_per_s``, ``p50_ms``, ``p99_ms``,
-``lag_p99_ms``, ``wrong`` (and ``errors``, ``requests``, ``lag_max_ms``).
+``lag_p99_ms``, ``wrong`` (and ``errors``, ``requests``, ``lag_max_ms``, and ``loop_cpu`` /
+``process_cpu``: the server's CPU seconds per second on its loop thread / in all its threads, so
+1.0 on the loop thread means the loop itself is the bottleneck).
 """
 from __future__ import annotations
 
@@ -144,6 +147,10 @@ def make_handler(mode: str, work: str, backend: str | None):
     """(async compute(body) -> bytes, close())"""
     if mode == "aiogpu":
         return make_aiogpu_handler(work, backend)
+    if mode == "host_only":          # the reference ceiling: aiohttp and NumPy, no GPU at all
+        async def compute(body: bytes) -> bytes:
+            return (2.0 * np.frombuffer(body, np.float32) + 1.0).astype(np.float32).tobytes()
+        return compute, lambda: None
     run = _torch_compute(work) if mode.startswith("torch") else _cupy_compute(work)
     run(np.zeros(256, np.float32).tobytes())                       # warm up (context, kernels)
     if mode.endswith("_blocking"):
@@ -170,6 +177,7 @@ async def serve_forever(compute: Any, close: Any, *, path: str = "/work", freeze
 
     lags: list[float] = []
     stop = asyncio.Event()
+    since = [time.perf_counter(), time.thread_time(), time.process_time()]
 
     async def heartbeat() -> None:
         while not stop.is_set():
@@ -197,13 +205,17 @@ async def serve_forever(compute: Any, close: Any, *, path: str = "/work", freeze
     async def stats(request: web.Request) -> web.Response:
         got = np.array(lags or [0.0]) * 1e3
         pauses = np.array(gc_pauses or [0.0]) * 1e3
-        return web.json_response({"lag_p99_ms": float(np.percentile(got, 99)), "lag_max_ms": float(got.max()),
+        wall = time.perf_counter() - since[0]
+        return web.json_response({"loop_cpu": (time.thread_time() - since[1]) / wall,   # the loop thread
+                                  "process_cpu": (time.process_time() - since[2]) / wall,  # every thread
+                                  "lag_p99_ms": float(np.percentile(got, 99)), "lag_max_ms": float(got.max()),
                                   "lag_samples": len(lags), "gc_pauses": len(gc_pauses),
                                   "gc_pause_max_ms": float(pauses.max()), "gc_pause_total_ms": float(pauses.sum())})
 
     async def reset(request: web.Request) -> web.Response:
         lags.clear()
         gc_pauses.clear()
+        since[:] = [time.perf_counter(), time.thread_time(), time.process_time()]
         return web.json_response({})
 
     app = web.Application(client_max_size=64 << 20)
@@ -285,7 +297,8 @@ async def drive(port: str, path: str, bodies: list[bytes], right: Any, *, client
             "p99_ms": float(np.percentile(lat, 99)), "lag_p99_ms": server["lag_p99_ms"],
             "lag_max_ms": server["lag_max_ms"], "wrong": counts["wrong"], "errors": counts["errors"],
             "gc_pauses": server["gc_pauses"], "gc_pause_max_ms": server["gc_pause_max_ms"],
-            "gc_pause_total_ms": server["gc_pause_total_ms"], "requests": len(latencies), "clients": clients}
+            "gc_pause_total_ms": server["gc_pause_total_ms"], "loop_cpu": server["loop_cpu"],
+            "process_cpu": server["process_cpu"], "requests": len(latencies), "clients": clients}
 
 
 # -- the orchestrator ------------------------------------------------------------------------------
@@ -333,7 +346,7 @@ def median_of(runs: list[dict]) -> dict:
 
 
 def available(mode: str) -> bool:
-    if mode == "aiogpu":
+    if mode in ("aiogpu", "host_only"):
         return True
     try:
         if mode.startswith("torch"):
@@ -406,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode + '/' + work:24s} {got['req_per_s']:9.0f} req/s  p50 {got['p50_ms']:7.2f} ms  "
                   f"p99 {got['p99_ms']:7.2f} ms  loop lag p99 {got['lag_p99_ms']:6.2f} ms  "
                   f"gc {got['gc_pauses']:.0f} pauses, max {got['gc_pause_max_ms']:.1f} ms  "
+                  f"cpu loop {got['loop_cpu']:.2f} all {got['process_cpu']:.2f}  "
                   f"wrong {got['wrong']}  errors {got['errors']}", flush=True)
     if args.json:
         meta = {"clients": args.clients, "duration_s": args.duration, "n": args.n, "loop": args.loop,
