@@ -93,7 +93,17 @@ class InterruptSafeLock:
                  tb: TracebackType | None) -> None:
         self.raw.release()
         if _get_ident() == _MAIN:
-            self._leave()
+            # ``_leave()`` and ``release()`` inlined: this runs once per operation submitted.
+            depth = self._depth = self._depth - 1
+            if depth == 0 and self._previous is not None:
+                global _arrived
+                previous, self._previous = self._previous, None
+                try:
+                    _setsignal(SIGINT, previous)
+                finally:    # a SIGINT just after the reinstall raises here: it supersedes the held one
+                    arrived, _arrived = _arrived, False
+                if arrived:
+                    previous(SIGINT, sys._getframe(0))
 
     def _leave(self) -> None:
         self._depth -= 1
