@@ -241,6 +241,36 @@ print("ok", stats["spin_hits"])
 """
 
 
+FAKE_STREAM_SCRIPT = r"""
+import asyncio, aiogpu, numpy as np
+rt = aiogpu.Runtime("cuda", spin_s=0.05)
+k = aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}', name="noop")(lambda launch, n: None)
+d0 = rt.devices[0]
+class TorchLikeStream:                      # what aiogpu reads of a torch.cuda.Stream
+    def __init__(self, handle): self.cuda_stream, self.device_index = handle, 0
+streams = [TorchLikeStream(0x7000 + i) for i in range(4)]
+async def main():
+    for i in range(100):                     # one awaiter: the spin reads the word
+        await rt.stream_future(streams[0])
+    for i in range(20):                      # many awaiters at once: they park and arm
+        await asyncio.gather(*(rt.stream_future(s) for s in streams))
+    f = rt.stream_future(streams[1])
+    await d0.launch(k, (1,), (1,), (0,), after=[f])
+    g = d0.launch(k, (1,), (1,), (1,))
+    g.wait_on(streams[2])
+    await g
+asyncio.run(main())
+lane = d0.foreign[0x7000]
+assert lane.word is not None and lane.word.value == lane.ticket == 120, (lane.word, lane.ticket)
+assert d0.events.created == 0, d0.events.created      # no event per stream future
+stats = rt.stats()
+assert stats["spin_hits"] > 0 and stats["arms"] > 0, stats
+assert rt.leaks(5) == {}, rt.leaks(0)
+rt.close()
+print("ok")
+"""
+
+
 @pytest.mark.skipif(importlib.util.find_spec("cuda") is not None,
                     reason="the real cuda-bindings are installed: the fake one cannot shadow them "
                            "(the CUDA tests run these paths on the real driver)")
@@ -313,3 +343,22 @@ async def test_a_request_leaves_no_cyclic_garbage(rt):
         gc.garbage.clear()
         gc.enable()
     assert leftovers == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None,
+                    reason="the real cuda-bindings are installed: the fake one cannot shadow them "
+                           "(tests/test_stream_futures.py runs these paths with PyTorch on a GPU)")
+def test_stream_futures_on_the_fake_driver_use_completion_words():
+    """A foreign stream's futures (``aiogpu.stream_future``) are writes of a completion word on
+    that stream: awaited by one task (the spin reads the word) and by many at once (parked
+    awaiters arm a stream of aiogpu's own that waits for the word), used in ``after=``, and no
+    event is created for them."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "bench", "fakecuda"), root]),
+               AIOGPU_BACKEND="cuda")
+    proc = subprocess.run([sys.executable, "-c", FAKE_STREAM_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import NotOnCudaError
 from . import driver as D
 from .driver import cu
+from .streams import ForeignLane, Lane
 
 DEFAULT_STREAMS = (0, 1, 2)      # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 EXT_LANES = 4                    # aiogpu streams per device that capture foreign events
@@ -101,7 +102,6 @@ def stream_device(rt: Any, handle: int, hint: int | None, device: Any) -> Any:
 
 def foreign_lane(device: Any, handle: int) -> Any:
     """The lane of foreign stream ``handle`` on ``device`` (created once, under the lock)."""
-    from .streams import ForeignLane
     lane = device.foreign.get(handle)
     if lane is None:
         lane = device.foreign[handle] = ForeignLane(device, handle)

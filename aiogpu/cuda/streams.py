@@ -132,11 +132,13 @@ class Lane:
 class ForeignLane:
     """Another library's CUDA stream (torch, CuPy, a raw handle) as a lane of ``device``.
 
-    A future for it (``aiogpu.stream_future``) is a pooled event recorded on that stream: the
-    only thing aiogpu adds to it. Such futures complete in stream order, as a lane's do, so the
-    spin and the waiter settle them like any lane's (by event queries; a foreign stream gets no
-    completion word). A parked awaiter is woken through a stream of aiogpu's own (``arm_stream``,
-    created at the first park) that waits for the newest event and then runs the wake-up host
+    A future for it (``aiogpu.stream_future``) is one write of the lane's completion word queued
+    on that stream (``cuStreamWriteValue64``, the only thing aiogpu adds to it; a pooled event
+    where the device has no stream memory operations). Such futures complete in stream order, as
+    a lane's do, so the spin and the waiter settle them like any lane's: the spin reads the word
+    (a memory load, no ``cuEventQuery``), and a completion seen by the spin is settled off the
+    loop. A parked awaiter is woken through a stream of aiogpu's own (``arm_stream``, created at
+    the first park) that waits for the newest ticket (or event) and then runs the wake-up host
     function: nothing is queued on the library's stream that would delay its later work.
     A lane is kept per stream handle for the runtime's life; a stream destroyed while futures of
     it are pending is not supported (its handle may be reused by a new stream)."""
@@ -154,6 +156,9 @@ class ForeignLane:
         self.spin = device.runtime.hub.spin_s
         self.rate: float | None = None
         self.word = self.dptr = None
+        if device.words is not None:         # as a Lane's: written after each future's point
+            host, self.dptr = device.words.slot()
+            self.word = ctypes.c_uint64.from_address(host)
         self.arm_stream: Any = None
 
     @property
@@ -161,11 +166,11 @@ class ForeignLane:
         return int(self.stream)
 
     def done_upto(self) -> int:
-        return 0
+        return self.word.value if self.word is not None else 0
 
     def arm(self, fn: int, data: int) -> int:
         newest = self.pending[-1] if self.pending else None
-        if newest is None or newest.retired or newest.event is None:
+        if newest is None or newest.retired or (newest.event is None and self.dptr is None):
             return 0
         if self.arm_stream is None:
             self.device.make_current()
@@ -173,7 +178,11 @@ class ForeignLane:
             if err != 0:
                 return int(err)
             self.arm_stream = stream
-        return D.HOT.wait(self.arm_stream, newest.event) or D.launch_host_func(self.arm_stream, fn, data)
+        if newest.event is not None:
+            code = D.HOT.wait(self.arm_stream, newest.event)
+        else:
+            code = cu.cuStreamWaitValue64(self.arm_stream, self.dptr, newest.ticket, D.WAIT_GEQ)[0]
+        return int(code) or D.launch_host_func(self.arm_stream, fn, data)
 
     def destroy(self) -> None:
         if self.arm_stream is not None:
