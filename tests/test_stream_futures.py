@@ -116,14 +116,16 @@ async def test_stream_future_completes_after_the_torch_work_queued_before_it(cud
     s = torch.cuda.Stream()
     host = torch.empty(1024, dtype=torch.float32, pin_memory=True)
     host.fill_(-1)
+    cycles = _torch_sleep_cycles(torch, 50)
     with torch.cuda.stream(s):
         a = torch.randn(2048, 2048, device="cuda")
         x = a
         for _ in range(30):                       # a long chain of matmuls
             x = torch.tanh(x @ a) * 0.5
-        torch.cuda._sleep(_torch_sleep_cycles(torch, 50))
         result = x[0, :1024] + 1000.0
-        host.copy_(result, non_blocking=True)     # lands in host memory when the stream gets there
+        host.copy_(result, non_blocking=True)     # (this torch build waits here for the stream)
+        torch.cuda._sleep(cycles)                 # then 50 ms of GPU time, queued last
+    assert not s.query(), "the torch work is still queued"
     fut = aiogpu.stream_future(s, runtime=cuda_rt)
     assert not fut.done(), "the torch work takes 50 ms at least"
     await fut
