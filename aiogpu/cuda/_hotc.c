@@ -392,7 +392,34 @@ hot_init(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(entry_points_doc,
+"entry_points() -> tuple\n\nThe eight entry points as init() took them (0 where unset), in init()'s order.");
+
+static PyObject *
+hot_entry_points(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    const void *p[8];
+    (void)self;
+    (void)args;
+    if (!nargs_ok("entry_points", nargs, 0, 0))
+        return NULL;
+    memcpy(&p[0], &p_launch, sizeof p[0]);
+    memcpy(&p[1], &p_memcpy, sizeof p[1]);
+    memcpy(&p[2], &p_write64, sizeof p[2]);
+    memcpy(&p[3], &p_wait64, sizeof p[3]);
+    memcpy(&p[4], &p_wait_event, sizeof p[4]);
+    memcpy(&p[5], &p_record, sizeof p[5]);
+    memcpy(&p[6], &p_query, sizeof p[6]);
+    memcpy(&p[7], &p_host_func, sizeof p[7]);
+    return Py_BuildValue("(KKKKKKKK)",
+                         (unsigned long long)(uintptr_t)p[0], (unsigned long long)(uintptr_t)p[1],
+                         (unsigned long long)(uintptr_t)p[2], (unsigned long long)(uintptr_t)p[3],
+                         (unsigned long long)(uintptr_t)p[4], (unsigned long long)(uintptr_t)p[5],
+                         (unsigned long long)(uintptr_t)p[6], (unsigned long long)(uintptr_t)p[7]);
+}
+
 static PyMethodDef hot_methods[] = {
+    {"entry_points", (PyCFunction)(void (*)(void))hot_entry_points, METH_FASTCALL, entry_points_doc},
     {"init", (PyCFunction)(void (*)(void))hot_init, METH_FASTCALL, init_doc},
     {"launch", (PyCFunction)(void (*)(void))hot_launch, METH_FASTCALL, launch_doc},
     {"memcpy", (PyCFunction)(void (*)(void))hot_memcpy, METH_FASTCALL, memcpy_doc},
