@@ -184,7 +184,7 @@ def driver_entry_points(lib: Any = None) -> dict[str, int]:
         tried = [v for n in names for v in ((n + "_ptsz", n) if ptds else (n,))]
         for sym in tried:
             try:
-                out[key] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value
+                out[key] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
                 break
             except AttributeError:
                 continue
@@ -255,8 +255,8 @@ def _bindings_write64(stream: Any, dptr: Any, value: int) -> int:
     return cu.cuStreamWriteValue64(stream, dptr, value, 0)[0]
 
 
-write64 = _bindings_write64
-write64_python = _bindings_write64     # the cheaper Python way, once calibrate_python_write64 ran
+write64: Any = _bindings_write64
+write64_python: Any = _bindings_write64   # the cheaper Python way, once calibrate_python_write64 ran
 _write_path: list[str] = []
 _python_path: list[str] = []
 
