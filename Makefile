@@ -2,11 +2,12 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# (re-installed when the build changes: pyproject, setup.py, the optional C hot path's source)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py aiogpu/cuda/_hotc.c | cksum | cut -d' ' -f1)
 
 .PHONY: demo test bench info stress clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py aiogpu/cuda/_hotc.c
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,ray]'
@@ -25,4 +26,4 @@ info: $(STAMP)
 	$(PY) -m aiogpu info
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info aiogpu/cuda/_hotc*.so

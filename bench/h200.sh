@@ -11,12 +11,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# the optional C hot path, built in place (no pip install here); without it aiogpu uses cuda-bindings
+[[ ${BUILD_HOTC:-1} == 1 ]] && { python3 -m aiogpu.cuda.build_hotc 2>&1 | tail -3 | tee "$OUT/build_hotc.log"; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import sys, cuda.bindings, numpy; print(sys.version); print("cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)'
   python3 -c 'import torch, cupy; print("torch", torch.__version__, "cupy", cupy.__version__)'
   python3 -c 'import trio, pytest_asyncio, uvloop; print("trio", trio.__version__, "pytest-asyncio", pytest_asyncio.__version__, "uvloop", uvloop.__version__)'
   python3 -c 'import aiogpu.cuda as c; print("probe", c.probe())'
+  python3 -c 'import aiogpu.cuda.driver as D; print("hot path", D.HOT.name, "-", D.HOT_REASON)'
 } 2>&1 | tee "$OUT/versions.txt"
 STEPS=${STEPS:-"tests bench"}
 if [[ $STEPS == *tests* ]]; then
@@ -42,6 +45,9 @@ if [[ $STEPS == *probe* ]]; then
 fi
 if [[ $STEPS == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
+fi
+if [[ $STEPS == *bindings* ]]; then   # the pure-Python fallback, for comparison with the default
+  AIOGPU_CUDA_HOT=bindings timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_bindings.json" 2>&1 | tee "$OUT/bench_bindings.log"
 fi
 if [[ $STEPS == *ctypes* ]]; then
   AIOGPU_CUDA_HOT=ctypes timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_ctypes.json" 2>&1 | tee "$OUT/bench_ctypes.log"

@@ -201,7 +201,8 @@ async def rt_memop_poll(raw: Raw, n: int) -> list[float]:
 
 
 def call_costs(rt: Any, raw: Raw) -> dict:
-    """Microseconds per call of the hot driver calls, cuda-bindings vs ctypes."""
+    """Microseconds per call of the hot driver calls, cuda-bindings vs ctypes vs the C extension
+    (where it is built), and of aiogpu's launch() submission on each hot path."""
     import aiogpu.cuda.driver as D
     res, cu = {}, raw.cu
     ev = raw.check(cu.cuEventCreate(2), "cuEventCreate")
@@ -211,6 +212,10 @@ def call_costs(rt: Any, raw: Raw) -> dict:
     try:
         hots["ctypes"] = D._CtypesHot()
     except OSError:
+        pass
+    try:
+        hots["c"] = D._CHot()
+    except (ImportError, OSError, AttributeError):
         pass
     n = 20000
     for name, hot in hots.items():
@@ -239,10 +244,25 @@ def call_costs(rt: Any, raw: Raw) -> dict:
         for i in range(2000):
             D.write64(raw.stream, lane.dptr, 0)
         res["call_us_write_value64_chosen"] = (time.perf_counter() - t) / 2000 * 1e6
+        if "c" in hots:      # the C write alone, and a launch with its write in one C call
+            c, f, s, p, w = hots["c"], int(raw.noop.func), int(raw.stream), raw.params, lane.wordp
+            t = time.perf_counter()
+            for i in range(2000):
+                c.write64(s, w, 0)
+            res["call_us_write_value64_c"] = (time.perf_counter() - t) / 2000 * 1e6
+            cu.cuStreamSynchronize(raw.stream)
+            t = time.perf_counter()
+            for i in range(2000):
+                c.launch(f, 1, 1, 1, 1, 1, 1, 0, s, p, w, 0)
+            res["call_us_launch_write_c"] = (time.perf_counter() - t) / 2000 * 1e6
+        D.calibrate_python_write64(raw.stream, lane.dptr)   # (the Python paths' write, below)
         cu.cuStreamSynchronize(raw.stream)
         lane.word.value = lane.ticket
+    python_write = D.write64_python
     for name, hot in hots.items():
-        saved, D.HOT = D.HOT, hot
+        # each hot path with its own completion-word write (the C one, or the Python choice)
+        saved, saved_write = D.HOT, D.write64
+        D.HOT, D.write64 = hot, (hot.write64 if name == "c" else python_write)
         try:
             futs, t = [], time.perf_counter()
             for _ in range(2000):
@@ -250,7 +270,7 @@ def call_costs(rt: Any, raw: Raw) -> dict:
             res[f"submit_us_aiogpu_launch_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
             futs[-1].wait(30)
         finally:
-            D.HOT = saved
+            D.HOT, D.write64 = saved, saved_write
     cu.cuEventDestroy(ev)
     return res
 
@@ -572,6 +592,8 @@ def measure(quick: bool) -> dict:
     res["loader_fresh_fraction_of_raw"] = res["loader_fresh_GBs"] / res["h2d_GBs_raw"]
     res["graph_over_raw"] = res["graph_replay_us_per_node"] / res["graph_raw_us_per_node"]
     res["submit_over_launch"] = res["submit_us_aiogpu_launch_bindings"] / res["call_us_launch_bindings"]
+    if "submit_us_aiogpu_launch_c" in res:    # the target: <= 2x a raw cuda-bindings launch
+        res["submit_c_over_launch"] = res["submit_us_aiogpu_launch_c"] / res["call_us_launch_bindings"]
     if "stream_await_us" in res:
         res["stream_await_over_torch_floor"] = res["stream_await_us"] / res["torch_sync_floor_us"]
         res["torch_executor_over_stream_await"] = res["torch_executor_await_us"] / res["stream_await_us"]
@@ -593,11 +615,15 @@ ROWS = [
     ("  stream write to host memory, polled", "alt_memop_poll_us"),
     ("  aiogpu spin on cuEventQuery (no completion words)", "alt_spin_event_query_us"),
     ("  aiogpu recording an event per operation too", "alt_event_waits_aiogpu_us"),
-    ("driver call cost (us): event query bindings/ctypes", ("call_us_event_query_bindings", "call_us_event_query_ctypes")),
-    ("  launch bindings/ctypes", ("call_us_launch_bindings", "call_us_launch_ctypes")),
-    ("  event record bindings/ctypes", ("call_us_event_record_bindings", "call_us_event_record_ctypes")),
+    ("driver call cost (us): event query bindings/ctypes/c", ("call_us_event_query_bindings",
+                                                             "call_us_event_query_ctypes", "call_us_event_query_c")),
+    ("  launch bindings/ctypes/c", ("call_us_launch_bindings", "call_us_launch_ctypes", "call_us_launch_c")),
+    ("  event record bindings/ctypes/c", ("call_us_event_record_bindings", "call_us_event_record_ctypes",
+                                          "call_us_event_record_c")),
     ("  stream write value64 bindings / chosen", ("call_us_write_value64_bindings", "call_us_write_value64_chosen")),
-    ("  aiogpu launch() submit bindings/ctypes", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_ctypes")),
+    ("  C: write value64 / launch + write in one call", ("call_us_write_value64_c", "call_us_launch_write_c")),
+    ("  aiogpu launch() submit bindings/ctypes/c", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_ctypes",
+                                                    "submit_us_aiogpu_launch_c")),
     ("awaited ops/s, 8 tasks: aiogpu / executor", ("aiogpu_ops_per_s_8", "executor_ops_per_s_8")),
     ("awaited ops/s, 64 tasks: aiogpu / executor", ("aiogpu_ops_per_s_64", "executor_ops_per_s_64")),
     ("100-node chain, us/node: graph replay / raw cuGraphLaunch", ("graph_replay_us_per_node",

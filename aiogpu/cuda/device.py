@@ -26,6 +26,7 @@ class LoadedCudaKernel:
 
     def __init__(self, kernel: Kernel, func: Any, module: Any):
         self.kernel, self.func, self.module = kernel, func, module
+        self.handle = int(func)     # the CUfunction as an int, for the C hot path
         self.writes = kernel.writes
         self.fmt, self.offsets, self.size = layout(kernel.args)
         self._block = ctypes.create_string_buffer(max(self.size, 8))
@@ -182,12 +183,26 @@ class CudaDevice(Device):
                        lengths: list, deps: dict, reads: list, writes: list, *,
                        keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
                        waits: Sequence = ()) -> Any:
-        """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock)."""
+        """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock).
+        On the C hot path, where the lane has a completion word and no event is recorded, the
+        launch and the word's write are one C call (``submit(..., fused=True)``)."""
         lane = self.pick_lane(deps)
         params = loaded.pack(values)
         func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
         hot = D.HOT
-        if type(hot) is D._BindingsHot:
+        rt = self.runtime
+        fused = False
+        if type(hot) is D._CHot:
+            claunch, fh, sh, wordp = hot.launch, loaded.handle, lane.sh, lane.wordp
+            if wordp and not rt.event_waits:
+                fused = True
+
+                def enqueue(stream: Any) -> int:    # (``stream`` is always lane.stream: sh)
+                    return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params, wordp, lane.ticket + 1)
+            else:
+                def enqueue(stream: Any) -> int:
+                    return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params)
+        elif type(hot) is D._BindingsHot:
             launch = hot.launch
 
             def enqueue(stream: Any) -> int:
@@ -195,14 +210,14 @@ class CudaDevice(Device):
         else:
             def enqueue(stream: Any) -> int:
                 return hot.kernel(func, (gx, gy, gz), (bx, by, bz), stream, params)
-        rt = self.runtime
         if copy is None:
             if waits:
                 enqueue = rt.with_foreign_waits(self, waits, enqueue)
-            return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup)
+            return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup, fused=fused)
         from .interop import copy_streams
         return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy_streams(copy), enqueue), reads,
-                         writes, keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging)
+                         writes, keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging,
+                         fused=fused)
 
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> Any:
         """``cuMemsetD32Async`` on a compute lane."""

@@ -3,9 +3,16 @@ few calls on the submission hot path.
 
 Every call of ``cuda.bindings.driver`` returns ``(CUresult, *values)``; ``check`` turns a failure
 into ``CudaError`` (a ``GPUError`` whose ``status`` is the CUresult). The hot path (launch, event
-record/query/wait, async copy) goes through ``HOT``, which calls cuda-bindings with cached handle
-objects, or libcuda directly through ctypes when ``AIOGPU_CUDA_HOT=ctypes`` (both measured by the
-benchmark; same library, same semantics).
+record/query/wait, async copy, the completion-word write) goes through ``HOT``, one of:
+- ``_CHot`` ("c"): the compiled module ``aiogpu.cuda._hotc`` calling libcuda's entry points
+  directly, a launch or copy and its completion-word write in one C call. The default where the
+  module was built (``pip install -e .``, or ``python -m aiogpu.cuda.build_hotc``) and libcuda
+  loads;
+- ``_BindingsHot`` ("cuda-bindings"): cuda-bindings with cached handle objects; the fallback;
+- ``_CtypesHot`` ("ctypes"): libcuda through ctypes.
+``AIOGPU_CUDA_HOT=c|bindings|ctypes`` forces one (falling back to cuda-bindings if it cannot
+load); ``HOT_REASON`` says why the one in use was chosen. All three call the same entry points
+as cuda-bindings (e.g. ``cuStreamWriteValue64_v2``) and return the same CUresult codes.
 """
 from __future__ import annotations
 
@@ -150,16 +157,97 @@ class _CtypesHot:
                             int(stream), params, None)
 
 
-def _hot() -> Any:
-    if os.environ.get("AIOGPU_CUDA_HOT", "").lower() == "ctypes":
+# The entry points of the C hot path, in the order _hotc.init takes them, each with the driver
+# symbols to try: the versions cuda-bindings calls (its cuStreamWriteValue64 is the _v2 entry
+# point; the others are unversioned); the plain name where an older driver lacks _v2.
+C_ENTRY_POINTS = (
+    ("launch", ("cuLaunchKernel",)),
+    ("memcpy", ("cuMemcpyAsync",)),
+    ("write64", ("cuStreamWriteValue64_v2", "cuStreamWriteValue64")),
+    ("wait64", ("cuStreamWaitValue64_v2", "cuStreamWaitValue64")),
+    ("wait_event", ("cuStreamWaitEvent",)),
+    ("record", ("cuEventRecord",)),
+    ("query", ("cuEventQuery",)),
+    ("host_func", ("cuLaunchHostFunc",)),
+)
+
+
+def driver_entry_points(lib: Any = None) -> dict[str, int]:
+    """The addresses of ``C_ENTRY_POINTS`` in libcuda (OSError where it does not load,
+    AttributeError naming a missing one). With cuda-bindings' per-thread default stream
+    (``CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM``) the ``_ptsz`` variants come first, as
+    cuda-bindings uses them then: stream 0 means the same stream on both paths."""
+    lib = lib if lib is not None else ctypes.CDLL("libcuda.so.1")
+    ptds = os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+    out = {}
+    for key, names in C_ENTRY_POINTS:
+        tried = [v for n in names for v in ((n + "_ptsz", n) if ptds else (n,))]
+        for sym in tried:
+            try:
+                out[key] = ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value or 0
+                break
+            except AttributeError:
+                continue
+        else:
+            raise AttributeError(f"libcuda has none of {', '.join(tried)}")
+    return out
+
+
+class _CHot:
+    """Hot calls through the C extension ``aiogpu.cuda._hotc`` (ImportError where it was not
+    built). Its functions take handles as ints (fastest: callers cache ``int(handle)``) or as
+    cuda-bindings objects (converted through ``__int__`` in C), and return the CUresult as an int.
+
+    ``launch`` and ``memcpy`` take, beyond the driver call's arguments, the completion word's
+    device pointer and the ticket to write there once the work is queued (skipped when the
+    launch or copy failed): the submission's driver work in one call.
+
+    ``entry_points`` (tests) replaces libcuda's addresses; by default they come from libcuda,
+    and only where the cuda-bindings in use are the real ones (bench/fakecuda's fake has no
+    ``cuGetProcAddress``, and its handles mean nothing to a real driver)."""
+
+    name = "c"
+
+    def __init__(self, entry_points: dict[str, int] | None = None) -> None:
+        from . import _hotc
+        if entry_points is None:
+            if not hasattr(cu, "cuGetProcAddress"):
+                raise OSError("the cuda.bindings in use are not the real ones")
+            entry_points = driver_entry_points()
+        _hotc.init(*(int(entry_points.get(key) or 0) for key, _ in C_ENTRY_POINTS))
+        self.module = _hotc
+        # The C functions have the argument order of the methods they stand for.
+        self.launch = _hotc.launch          # (func, gx, gy, gz, bx, by, bz, shmem, stream, params[, word, ticket])
+        self.memcpy = _hotc.memcpy          # (dst, src, nbytes, stream[, word, ticket])
+        self.record = _hotc.record          # (event, stream)
+        self.query = _hotc.query            # (event)
+        self.wait = _hotc.wait_event        # (stream, event)
+        self.write64 = _hotc.write64        # (stream, word, value)
+        self.wait64 = _hotc.wait64          # (stream, word, value, flags)
+        self.host_func = _hotc.host_func    # (stream, fn, data)
+
+    def kernel(self, func: Any, grid: tuple, block: tuple, stream: Any, params: int) -> int:
+        return self.launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream, params)
+
+
+def _hot() -> tuple[Any, str]:
+    """(the hot-path implementation, why it was chosen)."""
+    want = os.environ.get("AIOGPU_CUDA_HOT", "").strip().lower()
+    if want == "bindings":
+        return _BindingsHot(), "AIOGPU_CUDA_HOT=bindings"
+    if want == "ctypes":
         try:
-            return _CtypesHot()
-        except OSError:
-            pass
-    return _BindingsHot()
+            return _CtypesHot(), "AIOGPU_CUDA_HOT=ctypes"
+        except OSError as exc:
+            return _BindingsHot(), f"AIOGPU_CUDA_HOT=ctypes, but libcuda did not load ({exc})"
+    try:
+        hot = _CHot()
+        return hot, "AIOGPU_CUDA_HOT=c" if want == "c" else "the C extension loaded (the default)"
+    except (ImportError, OSError, AttributeError) as exc:
+        return _BindingsHot(), f"the C hot path is unavailable ({type(exc).__name__}: {exc})"
 
 
-HOT = _hot()
+HOT, HOT_REASON = _hot()
 
 
 # -- the completion-word write: cuda-bindings or ctypes, whichever is cheaper here ---------------
@@ -167,21 +255,40 @@ def _bindings_write64(stream: Any, dptr: Any, value: int) -> int:
     return cu.cuStreamWriteValue64(stream, dptr, value, 0)[0]
 
 
-write64 = _bindings_write64
+write64: Any = _bindings_write64
+write64_python: Any = _bindings_write64   # the cheaper Python way, once calibrate_python_write64 ran
 _write_path: list[str] = []
+_python_path: list[str] = []
 
 
 def calibrate_write64(stream: Any, dptr: Any) -> str:
-    """Pick the cheaper way to call ``cuStreamWriteValue64`` (cuda-bindings converts the value
-    through an object each call; ctypes does not), once per process. Writes 0 to ``dptr`` a few
-    hundred times."""
+    """Choose ``write64``, the completion-word write outside the fused C calls, once per
+    process: the C call on the C hot path (cheaper than either Python way; nothing to
+    measure), else the cheaper Python way (``calibrate_python_write64``). Its name."""
     global write64
-    import time
     if _write_path:
         return _write_path[0]
+    if type(HOT) is _CHot:
+        write64, path = HOT.write64, "c"
+    else:
+        path = calibrate_python_write64(stream, dptr)
+        write64 = write64_python
+    _write_path.append(path)
+    return path
+
+
+def calibrate_python_write64(stream: Any, dptr: Any) -> str:
+    """Pick the cheaper way to call ``cuStreamWriteValue64`` from Python (cuda-bindings converts
+    the value through an object each call; ctypes does not) as ``write64_python``, once per
+    process. Writes 0 to ``dptr`` a few hundred times."""
+    global write64_python
+    import time
+    if _python_path:
+        return _python_path[0]
     try:
         lib = ctypes.CDLL("libcuda.so.1")
-        f = lib.cuStreamWriteValue64
+        # the entry point cuda-bindings calls (_v2), where the driver has it
+        f = getattr(lib, "cuStreamWriteValue64_v2", None) or lib.cuStreamWriteValue64
         f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
         raw = int(dptr)
 
@@ -190,7 +297,7 @@ def calibrate_write64(stream: Any, dptr: Any) -> str:
 
         cands = {"bindings": _bindings_write64, "ctypes": ctypes_write64}
     except (OSError, AttributeError):
-        _write_path.append("bindings")
+        _python_path.append("bindings")
         return "bindings"
     best, best_t = "bindings", None
     for name, fn in cands.items():
@@ -204,9 +311,9 @@ def calibrate_write64(stream: Any, dptr: Any) -> str:
     if best == "ctypes":
         def ctypes_any(stream: Any, dptr_: Any, value: int) -> int:
             return f(int(stream), int(dptr_), value, 0)
-        write64 = ctypes_any
+        write64_python = ctypes_any
     cu.cuStreamSynchronize(stream)
-    _write_path.append(best)
+    _python_path.append(best)
     return best
 
 
@@ -267,6 +374,9 @@ def launch_host_func(stream: Any, fn: int, data: int) -> int:
     """``cuLaunchHostFunc(stream, fn, data)`` with a C function pointer: straight into libcuda,
     so that the driver thread calls ``fn`` (e.g. sem_post) and never enters Python."""
     global _launch_host_func
+    hot = HOT
+    if type(hot) is _CHot:
+        return hot.host_func(stream, fn, data)
     if _launch_host_func is None:
         try:
             lib = ctypes.CDLL("libcuda.so.1")

@@ -97,11 +97,14 @@ class CudaRuntime(Runtime):
     # -- submission (under the lock) -------------------------------------------------------------
     def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
                reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
-               on_complete: list | None = None, nbytes: int = 0, staging: Any = None) -> Any:
+               on_complete: list | None = None, nbytes: int = 0, staging: Any = None,
+               fused: bool = False) -> Any:
         """Wait on ``deps`` on the device, run ``enqueue(stream)`` (returns a CUresult), record
         the completion event and write the lane's completion word; returns the future (the
         core checked failed inputs already). A failure to queue the work returns a failed future
-        and runs ``cleanup`` at once."""
+        and runs ``cleanup`` at once. ``fused``: ``enqueue`` writes the completion word itself
+        (ticket ``lane.ticket + 1``, after its work, only if that was queued): only where the
+        lane has a word and no event is recorded (C hot path)."""
         hub = self.hub
         device.make_current()
         stream = lane.stream
@@ -120,7 +123,9 @@ class CudaRuntime(Runtime):
                 if dep.ticket > other_done(dep):
                     if dep.event is not None:
                         code = hot.wait(stream, dep.event)
-                    else:       # wait on the device for the other lane's completion word
+                    elif type(hot) is D._CHot:     # wait on the device for the other lane's word
+                        code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
+                    else:
                         code = _wait64(stream, dep.lane.dptr, dep.ticket, D.WAIT_GEQ)[0]
                     if code:
                         break
@@ -131,7 +136,7 @@ class CudaRuntime(Runtime):
             if lane.dptr is None or self.event_waits:
                 event = device.events.acquire()
                 code = hot.record(event, stream)
-            if not code and lane.dptr is not None:
+            if not code and lane.dptr is not None and not fused:
                 code = D.write64(stream, lane.dptr, lane.ticket + 1)
         if code:
             if event is not None:
@@ -224,14 +229,18 @@ class CudaRuntime(Runtime):
         stream always takes it)."""
         device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
         lane = self._copy_lane(device, op.direction, deps)
-        if self._shader_can_copy(op):
+        hot, fused = D.HOT, False
+        if self._shader_can_copy(op) and type(hot) is D._CHot and lane.wordp and not self.event_waits:
+            cmemcpy, sh, wordp, fused = hot.memcpy, lane.sh, lane.wordp, True     # copy + word write: one C call
+            copy = lambda stream: cmemcpy(dptr, sptr, nbytes, sh, wordp, lane.ticket + 1)  # noqa: E731
+        elif self._shader_can_copy(op):
             copy = lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream)  # noqa: E731
         else:
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
             copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
         enqueue = self.with_foreign_waits(device, interop.copy_streams(op), copy)
         return self.submit(device, lane, op.label, deps, enqueue, op.reads, [op.dst.state], op.keep,
-                           op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging)
+                           op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging, fused=fused)
 
     @staticmethod
     def _copy_lane(device: CudaDevice, direction: str, deps: dict) -> Any:
@@ -338,7 +347,7 @@ class CudaRuntime(Runtime):
 
     def describe(self) -> str:
         """The backend, why, and every device with its streams."""
-        lines = [super().describe()]
+        lines = [super().describe(), f"hot path: {D.HOT.name} ({D.HOT_REASON})"]
         for dev in self.devices:
             lines.append(f"device {dev.name}: {dev.product} ({dev.isa})")
             lines.append(f"    streams: {', '.join(lane.name for lane in dev.lanes)}")

@@ -88,25 +88,29 @@ class Lane:
 
     ``spin`` is this lane's adaptive spin window (seconds); ``rate`` the copy bandwidth it has
     shown (bytes/s, None until learned), from which an awaiter of a long copy predicts when to
-    start spinning."""
+    start spinning. ``sh`` and ``wordp`` are the stream handle and the word's device pointer as
+    ints (0 without a word), for the C hot path."""
 
     __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
-                 "spin", "rate")
+                 "spin", "rate", "sh", "wordp")
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
         self.device, self.name, self.kind = device, name, kind
         device.make_current()
         self.stream = D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority),
                               f"cuStreamCreate({name})")
+        self.sh = int(self.stream)
         self.ticket = 0          # operations submitted so far
         self.armed = 0           # a host-function wake-up is queued after this ticket
         self.pending: deque = deque()
         self.spin = device.runtime.hub.spin_s
         self.rate: float | None = None
         self.word = self.dptr = None
+        self.wordp = 0
         if device.words is not None:
             host, self.dptr = device.words.slot()
             self.word = ctypes.c_uint64.from_address(host)
+            self.wordp = int(self.dptr)
 
     @property
     def handle(self) -> int:
@@ -144,12 +148,13 @@ class ForeignLane:
     it are pending is not supported (its handle may be reused by a new stream)."""
 
     __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
-                 "spin", "rate", "arm_stream")
+                 "spin", "rate", "arm_stream", "sh", "wordp")
 
     def __init__(self, device: Any, handle: int):
         self.device, self.kind = device, "foreign"
         self.name = f"{device.name}.stream{handle:#x}"
         self.stream = cu.CUstream(handle)
+        self.sh, self.wordp = int(handle), 0
         self.ticket = 0
         self.armed = 0
         self.pending: deque = deque()
