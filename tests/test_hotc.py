@@ -264,13 +264,18 @@ def entry(name, fn):
         counts[name] += 1
         return fn(*a)
     return PROTOS[name](call)
+held = []
 def write(stream, word, value, flags):
-    ctypes.c_uint64.from_address(word).value = value
+    if stream == 0x7000:          # the foreign stream below: its work lands later, by hand
+        held.append((word, value))
+    else:
+        ctypes.c_uint64.from_address(word).value = value
     return 0
 HOSTFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 keep = {"launch": entry("launch", lambda *a: 0),
         "memcpy": entry("memcpy", lambda d, s, n, st: ctypes.memmove(d, s, n) and 0),
-        "write64": entry("write64", write), "wait64": entry("wait64", lambda *a: 0),
+        "write64": entry("write64", write),
+        "wait64": entry("wait64", lambda s, word, v, f: 0 if word else 1),   # a wait on address 0 fails
         "wait_event": entry("wait_event", lambda *a: 0), "record": entry("record", lambda *a: 0),
         "query": entry("query", lambda *a: 0),
         "host_func": entry("host_func", lambda s, fn, d: HOSTFN(fn)(d) or 0)}
@@ -296,10 +301,21 @@ async def main():
     await asyncio.sleep(0.05)                          # a parked awaiter: a host-function wake-up
     f = d0.launch(k, (1,), (1,), (0,))
     await f
+    class TorchLikeStream:
+        cuda_stream, device_index = 0x7000, 0
+    ext = rt.stream_future(TorchLikeStream())          # a word written on the foreign stream ...
+    waited = counts["wait64"]
+    g = d0.launch(k, (1,), (1,), (0,), after=[ext])    # ... which this launch waits for
+    assert counts["wait64"] == waited + 1, counts     # (on its word: a wait on address 0 fails)
+    for word, value in held:
+        ctypes.c_uint64.from_address(word).value = value
+    await ext
+    await g
+    assert g.exception() is None, g
     buf.free(); other.free()
 asyncio.run(main())
-assert counts["launch"] == 101 and counts["memcpy"] == 300, counts
-assert counts["write64"] == 401, counts    # one per launch and copy, in its fused call; no other
+assert counts["launch"] == 102 and counts["memcpy"] == 300, counts
+assert counts["write64"] == 403, counts    # one per launch and copy, in its fused call, one for the stream
 assert rt.leaks(5) == {}, rt.leaks(0)
 rt.close()
 print("ok", counts)

@@ -164,6 +164,7 @@ class ForeignLane:
         if device.words is not None:         # as a Lane's: written after each future's point
             host, self.dptr = device.words.slot()
             self.word = ctypes.c_uint64.from_address(host)
+            self.wordp = int(self.dptr)
         self.arm_stream: Any = None
 
     @property
