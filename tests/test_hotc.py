@@ -224,9 +224,12 @@ def test_init_checks_its_arguments_and_unset_entry_points_raise():
         hotc.init(*saved)
 
 
-def test_the_gil_is_released_around_the_driver_call():
-    """A driver call that blocks (a full queue) lets other Python threads run: here ``record``
-    is libc's sem_timedwait on a semaphore that only another Python thread posts."""
+@pytest.mark.parametrize("release", [True, False])
+def test_the_gil_is_held_in_driver_calls_unless_asked(release):
+    """By default a driver call keeps the GIL (microseconds; letting go hands it to the waiter
+    thread each time); after ``set_release_gil(True)`` a call that blocks lets other Python
+    threads run. Here ``record`` is libc's sem_timedwait on a semaphore that only another
+    Python thread posts: it is posted when the GIL is released, it times out when held."""
     libc = ctypes.CDLL(None, use_errno=True)
     sem = ctypes.create_string_buffer(64)
     assert libc.sem_init(sem, 0, 0) == 0
@@ -235,19 +238,24 @@ def test_the_gil_is_released_around_the_driver_call():
         _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
     ts = Timespec()
-    libc.clock_gettime(0, ctypes.byref(ts))
-    ts.tv_sec += 10
+    libc.clock_gettime(0, ctypes.byref(ts))            # CLOCK_REALTIME, as sem_timedwait's
+    ts.tv_nsec += 300_000_000
+    ts.tv_sec, ts.tv_nsec = ts.tv_sec + ts.tv_nsec // 10**9, ts.tv_nsec % 10**9
     saved = hotc.entry_points()
     timedwait = ctypes.cast(libc.sem_timedwait, vp).value
     hotc.init(0, 0, 0, 0, 0, timedwait, 0, 0)
+    before = hotc.set_release_gil(release)
     poster = threading.Thread(target=lambda: libc.sem_post(sem))
     try:
         threading.Timer(0.05, poster.start).start()
-        assert hotc.record(ctypes.addressof(sem), ctypes.addressof(ts)) == 0   # posted, not timed out
+        got = hotc.record(ctypes.addressof(sem), ctypes.addressof(ts))
+        assert (got == 0) == release, got       # posted meanwhile / timed out (-1)
     finally:
+        hotc.set_release_gil(before)
         hotc.init(*saved)
         poster.join(5)
         libc.sem_destroy(sem)
+    assert before is False                      # the default
 
 
 # -- the C path inside the CUDA backend, on bench/fakecuda's driver -------------------------------

@@ -11,7 +11,8 @@
  * - every argument is converted and range-checked before any driver call; a wrong type raises
  *   TypeError, an out-of-range value OverflowError, and nothing is submitted then;
  * - a call whose entry point was not given to init raises RuntimeError (never a jump to 0);
- * - the GIL is released around the driver calls (the driver may block when a queue is full);
+ * - the GIL is held during the driver calls (microseconds each; see release_gil below), or
+ *   released around them after set_release_gil(True);
  * - the result is the first non-zero CUresult as an int (0 on success): when the launch or
  *   copy fails, the completion-word write is skipped.
  */
@@ -19,6 +20,16 @@
 #include <Python.h>
 #include <stdint.h>
 #include <limits.h>
+
+/* Whether the driver calls run with the GIL released (set_release_gil). Holding it is the
+ * default: the calls take microseconds, and letting go of the GIL for each one hands it to any
+ * other runnable Python thread (the waiter thread settling completions) and makes the submitting
+ * thread queue to get it back, a switch per submission. */
+static int release_gil = 0;
+#define DRIVER_CALLS(stmts) do {                                    \
+        if (release_gil) { Py_BEGIN_ALLOW_THREADS stmts Py_END_ALLOW_THREADS } \
+        else { stmts }                                              \
+    } while (0)
 
 typedef int CUresult;
 typedef void *CUfunction;
@@ -187,12 +198,12 @@ hot_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!ready((const void *)p_launch, "launch") || (word != 0 && !ready((const void *)p_write64, "launch")))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_launch(func, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], stream,
                   (void **)params, NULL);
     if (rc == 0 && word != 0)
         rc = p_write64(stream, (CUdeviceptr)word, (uint64_t)ticket, 0);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -225,11 +236,11 @@ hot_memcpy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!ready((const void *)p_memcpy, "memcpy") || (word != 0 && !ready((const void *)p_write64, "memcpy")))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_memcpy((CUdeviceptr)dst, (CUdeviceptr)src, (size_t)nbytes, stream);
     if (rc == 0 && word != 0)
         rc = p_write64(stream, (CUdeviceptr)word, (uint64_t)ticket, 0);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -247,9 +258,9 @@ hot_write64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || !ready((const void *)p_write64, "write64"))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_write64(stream, (CUdeviceptr)word, (uint64_t)value, 0);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -268,9 +279,9 @@ hot_wait64(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || as_uint(args[3], &flags, "flags") < 0 || !ready((const void *)p_wait64, "wait64"))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_wait64(stream, (CUdeviceptr)word, (uint64_t)value, flags);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -286,9 +297,9 @@ hot_wait_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || as_ptr(args[1], &event, "event") < 0 || !ready((const void *)p_wait_event, "wait_event"))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_wait_event(stream, event, 0);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -303,9 +314,9 @@ hot_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || as_ptr(args[1], &stream, "stream") < 0 || !ready((const void *)p_record, "record"))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_record(event, stream);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -320,9 +331,9 @@ hot_query(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         || !ready((const void *)p_query, "query"))
         return NULL;
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_query(event);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -349,9 +360,9 @@ hot_host_func(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     /* object pointer -> function pointer: what dlsym users do; fine on every platform CUDA runs */
     memcpy(&cfn, &fn, sizeof cfn);
     CUresult rc;
-    Py_BEGIN_ALLOW_THREADS
+    DRIVER_CALLS(
     rc = p_host_func(stream, cfn, data);
-    Py_END_ALLOW_THREADS
+    );
     return PyLong_FromLong(rc);
 }
 
@@ -418,7 +429,25 @@ hot_entry_points(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                          (unsigned long long)(uintptr_t)p[6], (unsigned long long)(uintptr_t)p[7]);
 }
 
+PyDoc_STRVAR(set_release_gil_doc,
+"set_release_gil(flag) -> bool\n\nWhether later driver calls release the GIL; returns the previous setting.");
+
+static PyObject *
+hot_set_release_gil(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)self;
+    if (!nargs_ok("set_release_gil", nargs, 1, 1))
+        return NULL;
+    int flag = PyObject_IsTrue(args[0]);
+    if (flag < 0)
+        return NULL;
+    int previous = release_gil;
+    release_gil = flag;
+    return PyBool_FromLong(previous);
+}
+
 static PyMethodDef hot_methods[] = {
+    {"set_release_gil", (PyCFunction)(void (*)(void))hot_set_release_gil, METH_FASTCALL, set_release_gil_doc},
     {"entry_points", (PyCFunction)(void (*)(void))hot_entry_points, METH_FASTCALL, entry_points_doc},
     {"init", (PyCFunction)(void (*)(void))hot_init, METH_FASTCALL, init_doc},
     {"launch", (PyCFunction)(void (*)(void))hot_launch, METH_FASTCALL, launch_doc},

@@ -215,6 +215,8 @@ class _CHot:
                 raise OSError("the cuda.bindings in use are not the real ones")
             entry_points = driver_entry_points()
         _hotc.init(*(int(entry_points.get(key) or 0) for key, _ in C_ENTRY_POINTS))
+        # The GIL stays held in the calls unless AIOGPU_HOTC_RELEASE_GIL=1 (see _hotc.c).
+        _hotc.set_release_gil(os.environ.get("AIOGPU_HOTC_RELEASE_GIL", "") == "1")
         self.module = _hotc
         # The C functions have the argument order of the methods they stand for.
         self.launch = _hotc.launch          # (func, gx, gy, gz, bx, by, bz, shmem, stream, params[, word, ticket])
