@@ -106,11 +106,15 @@ class PinnedPool:
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
         block returns to the pool when the array and its views are gone."""
+        return self.empty_at(nbytes, dtype)[0]
+
+    def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int]:
+        """``empty(nbytes, dtype)`` and the device pointer of its first byte."""
         dtype = np.dtype(dtype)
         address, large, size, slab = self._carve(nbytes)
         owner = _owner_class(size).from_buffer(slab.map, address - slab.start)
         owner.returns, owner.token = self._returns, (address, large)
-        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize)
+        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), slab.device + (address - slab.base)
 
     def _carve(self, nbytes: int) -> tuple[int, bool, int, _Slab]:
         """(address, large?, size, slab) of a block of at least ``nbytes``, counted handed out."""

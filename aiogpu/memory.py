@@ -518,9 +518,14 @@ class Buffer:
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
         rt.check_open()
+        capturing = rt.capturing() is not None
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            out = rt.pinned.empty(self.nbytes, dtype).reshape(shape)
-            fut = rt.copy(out, self)     # (in the same section: one Ctrl-C hold, not two)
+            rt.check_open()
+            out, ptr = rt.pinned.empty_at(self.nbytes, dtype)
+            if len(shape) != 1:
+                out = out.reshape(shape)
+            # (In the same section: one Ctrl-C hold, not two.)
+            fut = rt.copy(out, self) if capturing else rt.download(self, out, ptr)
         fut.value = out
         return fut
 

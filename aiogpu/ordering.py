@@ -100,6 +100,8 @@ class Hazards:
         return i, bisect_left(self._starts, end, i)
 
     def prune(self, start: int, end: int) -> None:
+        if not self._segs:              # (nothing recorded: the common case of host memory)
+            return
         i, j = self._span(start, end)
         keep = []
         for seg in self._segs[i:j]:
@@ -124,6 +126,8 @@ class Hazards:
             self._starts.insert(i + 1, at)
 
     def _collect(self, start: int, end: int, writers: bool) -> list[GPUFuture]:
+        if not self._segs:
+            return []
         self.prune(start, end)
         i, j = self._span(start, end)
         out: dict[int, GPUFuture] = {}
@@ -134,6 +138,8 @@ class Hazards:
         return list(out.values())
 
     def _newest_writer(self, start: int, end: int) -> GPUFuture | None:
+        if not self._segs:
+            return None
         self.prune(start, end)
         i, j = self._span(start, end)
         segs = [seg for seg in self._segs[i:j] if seg.last_write is not None]
