@@ -37,7 +37,7 @@ LARGE_CACHE_BYTES = 1 << 30
 OWNER_CLASSES = 64
 
 
-def _owner_class(size: int, cache: dict = {}) -> type:
+def _owner_class(size: int, cache: dict = {}) -> Any:
     """A ctypes array type of ``size`` bytes whose instances give their block back when they
     die (``__del__``): the owner an ``empty`` array's ``base`` holds.
 

@@ -468,8 +468,9 @@ class Buffer:
     def check_usable(self) -> None:
         """Raise ValueError for a freed buffer (or a view of one), RuntimeClosedError for a
         closed runtime."""
-        if self.root.freed:
-            what = f"{self!r} views a buffer that" if self.root is not self else f"{self!r}"
+        root = self if self._base is None else self._base
+        if root.freed:
+            what = f"{self!r} views a buffer that" if root is not self else f"{self!r}"
             raise ValueError(f"{what} was freed")
         if self.device.runtime.closed:
             raise RuntimeClosedError(f"{self!r}: its runtime is closed")

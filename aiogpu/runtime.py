@@ -313,13 +313,14 @@ class Runtime:
     # -- submission (under the lock) -------------------------------------------------------------
     def submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
                        submit: Callable[[dict], GPUFuture], *, compile: Any = None,
-                       defer_reads: list | None = None) -> GPUFuture:
+                       deferred_rw: tuple[list, list] | None = None) -> GPUFuture:
         """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
         a failed input or a broken device fails it without submitting anything, else
         ``submit(deps)`` submits it: now, or, when ``compile`` (its kernel's compile) is still
         running or a dependency is deferred work not submitted yet, once they are (the
-        operation is deferred: see ``deferred.py``). ``defer_reads``, when given, replaces
-        ``reads`` if it is deferred (a host source staged when submitted now is read later)."""
+        operation is deferred: see ``deferred.py``). ``deferred_rw``, when given, is the
+        (reads, writes) to record instead if it is deferred: what orders an operation submitted
+        now may be less (a host source staged now is no reader; fresh memory has no history)."""
         if reads or writes or after:
             deps = ordering.dependencies(reads, writes, after)
             err = ordering.failed_dependency(deps) if deps else None
@@ -332,8 +333,8 @@ class Runtime:
         if deps or compile is not None:          # (deferred work in deps: its submitted work)
             resolved, blockers = deferred.resolve(deps)
             if blockers or compile is not None:
-                if defer_reads is not None:
-                    reads = defer_reads
+                if deferred_rw is not None:
+                    reads, writes = deferred_rw
                 return deferred.defer(self, device, label, reads, writes, deps, submit, compile, blockers)
             deps = resolved
         return submit(deps)
@@ -358,14 +359,16 @@ class Runtime:
         views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
         roots: list[Buffer] = []            # their allocations, once each (counted as users)
         hosts: list[ordering.HostRange] = []
+        # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
         for group in (reads, writes):
             for s in group:
                 if isinstance(s, Buffer):
-                    if not ordering._contains(views, s):
+                    if s not in views:
                         views.append(s)
-                        if not ordering._contains(roots, s.root):
-                            roots.append(s.root)
-                elif isinstance(s, ordering.HostRange) and not ordering._contains(hosts, s):
+                        root = s if s._base is None else s._base
+                        if root not in roots:
+                            roots.append(root)
+                elif isinstance(s, ordering.HostRange) and s not in hosts:
                     hosts.append(s)
         for buf in roots:
             buf.users += 1
@@ -401,21 +404,25 @@ class Runtime:
         n, device = buf.nbytes, buf.device
         d = CopySide(out, True, None, self.hazards.host(out.__array_interface__["data"][0], n), ptr)
         s = CopySide(buf, False, device, buf, buf.address)
-        return self.submit_copy(CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out]), [])
+        op = CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out])
+        return self.submit_copy(op, [], fresh_dst=True)
 
-    def submit_copy(self, op: CopyOp, after: list) -> GPUFuture:
+    def submit_copy(self, op: CopyOp, after: list, *, fresh_dst: bool = False) -> GPUFuture:
         """Submit a validated copy (under the lock). A small host source that nothing pending
         writes and that is not in the pinned pool is staged (copied into a pinned block) when
         it is submitted: the copy then does not read the caller's array, so it is no reader of
-        it and waits for no writer of it."""
+        it and waits for no writer of it. ``fresh_dst``: the destination is memory just taken
+        from the pinned pool, which no unretired work touches (nothing to wait for there; the
+        copy is still recorded as its writer)."""
         s = op.src
-        defer_reads = None
+        reads, writes = [s.state], [op.dst.state]
+        rw = None
         if s.host and s.ptr is None and op.nbytes <= STAGE_LIMIT and _unwritten(s.state):
-            op.stage, reads, defer_reads = True, [], [s.state]
-        else:
-            reads = [s.state]
-        return self.submit_guarded(op.device, op.label, reads, [op.dst.state], after,
-                                   functools.partial(self._run_copy, op), defer_reads=defer_reads)
+            op.stage, rw, reads = True, (reads, writes), []
+        if fresh_dst:
+            rw, writes = (reads, writes), []
+        return self.submit_guarded(op.device, op.label, reads, writes, after,
+                                   functools.partial(self._run_copy, op), deferred_rw=rw)
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
         """Host pointers, then the engine when one can take the copy, else a shader copy. The
