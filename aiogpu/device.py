@@ -264,15 +264,22 @@ class Device:
 
         Raises TypeError/ValueError for a bad size, OutOfMemoryError when the device has no room,
         RuntimeClosedError after ``close()``."""
-        if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
-            raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
+        if type(nbytes) is not int:
+            if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
+                raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
+            nbytes = int(nbytes)
         if nbytes <= 0:
             raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
         rt = self.runtime
-        with rt.lock:
-            rt.check_open()
-            address, _ = self.memory.alloc(int(nbytes))
-        return Buffer(self, address, int(nbytes), self.memory.give_back)
+        rt.check_open()
+        memory = self.memory
+        # The steady state: a piece from the size class's cache, with no lock (see ``take``).
+        address = memory.take(nbytes)
+        if address is None:
+            with rt.lock:
+                rt.check_open()
+                address, _ = memory.alloc(nbytes)
+        return Buffer(self, address, nbytes, memory.give_back)
 
     def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
         """The error a raw allocator raises when the device has no room for ``size`` bytes."""

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import bisect
 import collections
+import ctypes
 import mmap
-import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -33,6 +33,30 @@ from .memory import BLOCK, SMALL_LIMIT, BuddyAllocator, round_up
 
 # Idle large slabs kept for reuse beyond which the oldest are unpinned and unmapped.
 LARGE_CACHE_BYTES = 1 << 30
+# Block sizes whose owner class (see ``_owner_class``) is kept; others get a class per call.
+OWNER_CLASSES = 64
+
+
+def _owner_class(size: int, cache: dict = {}) -> Any:
+    """A ctypes array type of ``size`` bytes whose instances give their block back when they
+    die (``__del__``): the owner an ``empty`` array's ``base`` holds.
+
+    Not weakref.finalize: a finalizer per array cost a registry entry, and at interpreter exit
+    its atexit hook iterated that registry while the waiter thread changed it. An owner made by
+    ``from_buffer`` holds an export of the slab's mapping, so the mapping outlives ``close``
+    while an array uses it (as the memoryview the arrays held before)."""
+    cls = cache.get(size)
+    if cls is None:
+        cls = type("PinnedBlock", (ctypes.c_char * size,), {"__slots__": ("returns", "token"),
+                                                             "__del__": _give_back})
+        if len(cache) < OWNER_CLASSES:
+            cache[size] = cls
+    return cls
+
+
+def _give_back(owner) -> None:
+    # (Any thread, at any time, interpreter shutdown included: a deque append, no global.)
+    owner.returns.append(owner.token)
 
 
 class _Slab:
@@ -75,26 +99,37 @@ class PinnedPool:
     # -- allocation ------------------------------------------------------------------------------
     def block(self, nbytes: int) -> tuple[int, int, Callable[[], None]]:
         """(host address, device pointer, release) of a pinned block of at least ``nbytes``."""
-        self._take_returns()
-        if nbytes <= SMALL_LIMIT:
-            address, large = self._small.alloc(nbytes), False
-        else:
-            address, large = self._large(round_up(nbytes, BLOCK)), True
-        self._handed_out += 1
+        address, large, _, slab = self._carve(nbytes)
         returns = self._returns
-        slab = self._slab_of(address)
-        assert slab is not None                  # the block was just carved from a slab
         return address, slab.device + (address - slab.base), lambda: returns.append((address, large))
 
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
         block returns to the pool when the array and its views are gone."""
-        address, _, release = self.block(nbytes)
+        return self.empty_at(nbytes, dtype)[0]
+
+    def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int]:
+        """``empty(nbytes, dtype)`` and the device pointer of its first byte."""
+        dtype = np.dtype(dtype)
+        address, large, size, slab = self._carve(nbytes)
+        owner = _owner_class(size).from_buffer(slab.map, address - slab.start)
+        owner.returns, owner.token = self._returns, (address, large)
+        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), slab.device + (address - slab.base)
+
+    def _carve(self, nbytes: int) -> tuple[int, bool, int, _Slab]:
+        """(address, large?, size, slab) of a block of at least ``nbytes``, counted handed out."""
+        if self._returns:
+            self._take_returns()
+        if nbytes <= SMALL_LIMIT:
+            size = 1 << self._small.order_for(nbytes)
+            address, large = self._small.alloc(nbytes), False
+        else:
+            size = round_up(nbytes, BLOCK)
+            address, large = self._large(size), True
+        self._handed_out += 1
         slab = self._slab_of(address)
-        assert slab is not None
-        out = np.frombuffer(slab.view(address, nbytes), dtype=dtype)
-        weakref.finalize(out, release)
-        return out
+        assert slab is not None                  # the block was just carved from a slab
+        return address, large, size, slab
 
     def device_pointer(self, address: int, nbytes: int = 1) -> int | None:
         """The device pointer of ``address`` if ``[address, address + nbytes)`` lies in one of

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import math
-import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +21,9 @@ MIN_PIECE = 256
 MIN_ORDER = MIN_PIECE.bit_length() - 1
 BLOCK_ORDER = BLOCK.bit_length() - 1
 SMALL_LIMIT = BLOCK // 2  # larger requests get blocks of their own
+# The free-list cache of each size class holds up to this many bytes, and at least CACHE_MIN pieces.
+CACHE_BYTES = 4 << 20
+CACHE_MIN = 4
 
 
 def round_up(n: int, unit: int) -> int:
@@ -31,14 +33,25 @@ def round_up(n: int, unit: int) -> int:
 class BuddyAllocator:
     """Power-of-two pieces carved from 2 MiB blocks; freeing merges buddies back.
 
+    In front of the buddy lists sits a free-list cache per size class: a freed piece waits
+    there (up to ``CACHE_BYTES`` per class, at least ``CACHE_MIN`` pieces) and the next request
+    of its class takes it back, so a steady state (a service allocating and freeing the same
+    sizes per request) is a list pop and append. ``flush()`` merges the cached pieces back.
+
     ``get_block()`` returns the address of a fresh 2 MiB-aligned block, ``put_block(addr)`` gives
-    a fully free one back. Not thread-safe: the runtime lock guards it.
+    a fully free one back. The runtime lock guards it, except ``take_cached`` and ``recycle``,
+    which any thread may call at any time (each is a few operations that the GIL makes atomic:
+    a list pop or append and a dict store or delete, on state no other method leaves
+    half-changed between two such operations).
     """
 
     def __init__(self, get_block: Callable[[], int], put_block: Callable[[int], None]):
         self._get_block, self._put_block = get_block, put_block
         self._free: dict[int, set[int]] = {o: set() for o in range(MIN_ORDER, BLOCK_ORDER + 1)}
-        self._used: dict[int, int] = {}   # address -> order
+        self._used: dict[int, int] = {}   # address -> order, of every piece handed out
+        # Freed pieces kept for reuse, by order (index), and how many each order keeps at most.
+        self._cache: list[list[int]] = [[] for _ in range(BLOCK_ORDER + 1)]
+        self._cap = [max(CACHE_MIN, CACHE_BYTES >> o) for o in range(BLOCK_ORDER + 1)]
         self.blocks = 0
 
     @staticmethod
@@ -46,9 +59,15 @@ class BuddyAllocator:
         return max(MIN_ORDER, (max(nbytes, 1) - 1).bit_length())
 
     def alloc(self, nbytes: int) -> int:
+        """The address of a piece of at least ``nbytes`` (ValueError above a block)."""
         order = self.order_for(nbytes)
         if order > BLOCK_ORDER:
             raise ValueError(f"{nbytes} bytes is too large for the sub-allocator")
+        cached = self._cache[order]
+        if cached:
+            addr = cached.pop()
+            self._used[addr] = order
+            return addr
         found = next((o for o in range(order, BLOCK_ORDER + 1) if self._free[o]), None)
         if found is None:
             self._free[BLOCK_ORDER].add(self._get_block())
@@ -61,8 +80,40 @@ class BuddyAllocator:
         self._used[addr] = order
         return addr
 
+    def take_cached(self, nbytes: int) -> int | None:
+        """A cached piece for ``nbytes`` (1 to SMALL_LIMIT), else None; any thread, no lock."""
+        order = MIN_ORDER if nbytes <= MIN_PIECE else (nbytes - 1).bit_length()
+        try:
+            addr = self._cache[order].pop()
+        except IndexError:
+            return None
+        self._used[addr] = order
+        return addr
+
+    def recycle(self, addr: int) -> bool:
+        """Put the piece at ``addr`` in its class's cache if there is room (True); False when it
+        is not a piece of this allocator or the cache is full (then ``free`` it under the lock).
+        Any thread, no lock."""
+        order = self._used.get(addr)
+        if order is None:
+            return False
+        cached = self._cache[order]
+        if len(cached) >= self._cap[order]:
+            return False
+        del self._used[addr]
+        cached.append(addr)
+        return True
+
     def free(self, addr: int) -> None:
+        """Give the piece at ``addr`` back: to its class's cache, else merged with its buddies."""
         order = self._used.pop(addr)
+        cached = self._cache[order]
+        if len(cached) < self._cap[order]:
+            cached.append(addr)
+        else:
+            self._merge(addr, order)
+
+    def _merge(self, addr: int, order: int) -> None:
         while order < BLOCK_ORDER:
             buddy = addr ^ (1 << order)
             if buddy not in self._free[order]:
@@ -76,8 +127,15 @@ class BuddyAllocator:
         else:
             self._free[order].add(addr)
 
+    def flush(self) -> None:
+        """Merge every cached piece back into the buddy lists (whole free blocks go back)."""
+        for order, cached in enumerate(self._cache):
+            while cached:
+                self._merge(cached.pop(), order)
+
     @property
     def used(self) -> int:
+        """Pieces handed out and not freed (cached ones are free)."""
         return len(self._used)
 
 
@@ -110,9 +168,21 @@ class DeviceMemory:
     def give_back(self, address: int) -> None:
         """A buffer's memory is no longer used. Safe from any thread and never blocks: a garbage
         collection runs buffer finalizers in whatever thread it interrupts, possibly one that
-        the holder of the runtime lock waits for (a deadlock if this took the lock). Freed at
-        the next ``drain``, which the lock's holders call."""
-        self.returned.append(address)
+        the holder of the runtime lock waits for (a deadlock if this took the lock). A small
+        piece goes straight to its size class's cache when there is room; anything else is
+        freed at the next ``drain``, which the lock's holders call. Nothing after ``destroy``
+        (and no module global is read: this runs during interpreter shutdown too)."""
+        if self.destroyed:
+            return
+        if not self.small.recycle(address):
+            self.returned.append(address)
+
+    def take(self, nbytes: int) -> int | None:
+        """The address of a cached small piece for ``nbytes`` (1 or more), else None (then
+        ``alloc`` under the lock). Any thread, no lock: the steady state of a service."""
+        if nbytes > SMALL_LIMIT or self.returned or self.destroyed:
+            return None
+        return self.small.take_cached(nbytes)
 
     def drain(self) -> None:
         """Free what ``give_back`` collected (under the runtime lock)."""
@@ -149,6 +219,7 @@ class DeviceMemory:
         try:
             return self._from_driver(size)
         except MemoryError:
+            self.small.flush()              # cached pieces may free whole blocks
             if not self.cached_bytes:
                 raise
             self.trim()
@@ -173,6 +244,7 @@ class DeviceMemory:
     def trim(self) -> int:
         """Give every cached free block back to the driver; returns the bytes given back."""
         self.drain()
+        self.small.flush()
         freed = self.cached_bytes
         for blocks in self._cache.values():
             for addr in blocks:
@@ -271,7 +343,27 @@ class Buffer:
         self.last_write: Any = None    # ordering state, see ordering.py
         self.reads: list = []
         self.ranges: Any = None        # ordering state by byte range, once views are used
-        self._finalizer = weakref.finalize(self, release, address)
+        self._release = release        # gives the memory back (any thread, never blocks)
+        # Present while the memory is this buffer's: ``_give`` pops it, exactly once, whichever
+        # of free(), the last user's retirement (waiter thread) and __del__ gets there first.
+        self._owned = True
+
+    def __del__(self) -> None:
+        # Not weakref.finalize: one per buffer cost a registry entry, and at exit its atexit
+        # hook iterated that registry while the waiter thread changed it. A view has no
+        # ``_owned`` (it owns no memory). Reads no module global: safe at interpreter shutdown.
+        if self.__dict__.get("_owned"):
+            self._give()
+
+    def _give(self) -> None:
+        """Give the memory back, once (a dict pop is atomic: racing callers give it once)."""
+        if self.__dict__.pop("_owned", None):
+            self._release(self.address)
+
+    @property
+    def released(self) -> bool:
+        """Whether the memory went back to the allocator (a freed buffer's last user retired)."""
+        return self._base is None and "_owned" not in self.__dict__
 
     @classmethod
     def _view_of(cls, root: "Buffer", offset: int, nbytes: int, dtype: np.dtype | None,
@@ -376,8 +468,9 @@ class Buffer:
     def check_usable(self) -> None:
         """Raise ValueError for a freed buffer (or a view of one), RuntimeClosedError for a
         closed runtime."""
-        if self.root.freed:
-            what = f"{self!r} views a buffer that" if self.root is not self else f"{self!r}"
+        root = self if self._base is None else self._base
+        if root.freed:
+            what = f"{self!r} views a buffer that" if root is not self else f"{self!r}"
             raise ValueError(f"{what} was freed")
         if self.device.runtime.closed:
             raise RuntimeClosedError(f"{self!r}: its runtime is closed")
@@ -385,22 +478,27 @@ class Buffer:
     def free(self) -> None:
         """Give the memory back once no pending GPU work uses it; the buffer, and every view
         of it, is unusable after. TypeError on a view (it owns no memory: free its ``base``)."""
-        if self.root is not self:
+        if self._base is not None:
             raise TypeError(f"{self!r} is a view; free the buffer it views (its .base)")
-        with self.device.runtime.lock:
-            if self.freed:
-                return
-            self.freed = True
-            if self.users == 0:
-                self._finalizer()
-                self.device.memory.drain()
+        # No lock: ``users`` only drops to zero under the lock, in ``unuse``, which gives the
+        # memory back itself once ``freed`` is set; ``_give`` makes the two racing callers one.
+        if self.freed:
+            return
+        self.freed = True
+        if self.users == 0:
+            self._give()
+            memory = self.device.memory
+            if memory.returned:     # a large block (or a full cache): back now, under the lock
+                with self.device.runtime.lock:
+                    memory.drain()
 
     def unuse(self) -> None:
         """One operation using this allocation retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
-            self._finalizer()
-            self.device.memory.drain()
+            self._give()
+            if self.device.memory.returned:
+                self.device.memory.drain()
 
     # -- data ----------------------------------------------------------------------------------
     def to_numpy(self, dtype: Any = None) -> Any:
@@ -421,9 +519,14 @@ class Buffer:
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
         rt.check_open()
+        capturing = rt.capturing() is not None
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            out = rt.pinned.empty(self.nbytes, dtype).reshape(shape)
-            fut = rt.copy(out, self)     # (in the same section: one Ctrl-C hold, not two)
+            rt.check_open()
+            out, ptr = rt.pinned.empty_at(self.nbytes, dtype)
+            if len(shape) != 1:
+                out = out.reshape(shape)
+            # (In the same section: one Ctrl-C hold, not two.)
+            fut = rt.copy(out, self) if capturing else rt.download(self, out, ptr)
         fut.value = out
         return fut
 

@@ -100,6 +100,8 @@ class Hazards:
         return i, bisect_left(self._starts, end, i)
 
     def prune(self, start: int, end: int) -> None:
+        if not self._segs:              # (nothing recorded: the common case of host memory)
+            return
         i, j = self._span(start, end)
         keep = []
         for seg in self._segs[i:j]:
@@ -124,6 +126,8 @@ class Hazards:
             self._starts.insert(i + 1, at)
 
     def _collect(self, start: int, end: int, writers: bool) -> list[GPUFuture]:
+        if not self._segs:
+            return []
         self.prune(start, end)
         i, j = self._span(start, end)
         out: dict[int, GPUFuture] = {}
@@ -134,6 +138,8 @@ class Hazards:
         return list(out.values())
 
     def _newest_writer(self, start: int, end: int) -> GPUFuture | None:
+        if not self._segs:
+            return None
         self.prune(start, end)
         i, j = self._span(start, end)
         segs = [seg for seg in self._segs[i:j] if seg.last_write is not None]
@@ -171,14 +177,18 @@ class Hazards:
         self._starts[i:j] = [seg.start for seg in new]
 
 
+_NOT_A_BUFFER: Any = object()
+
+
 def state_of(obj: Any) -> Any:
     """The ordering state of what an operation touches (under the runtime lock): a range as
     given; a Buffer used whole while its allocation has no range state: the allocation itself
     (its two fields); any other Buffer or view: its bytes in the allocation's ranges (created
     now, holding the whole-buffer state so far). Other objects (a capture's states) as given."""
-    root = getattr(obj, "root", None)
-    if root is None:
+    base = getattr(obj, "_base", _NOT_A_BUFFER)     # (``Buffer.root`` without a property call)
+    if base is _NOT_A_BUFFER:
         return obj
+    root = obj if base is None else base
     ranges = root.ranges
     if ranges is None:
         if obj.nbytes == root.nbytes:
@@ -199,9 +209,9 @@ def prune(state: Any) -> None:
     # A writer that failed stays the last writer even once retired: the memory's contents are
     # undefined, so later readers fail (read after a failed write) until something overwrites it.
     # (Host memory is exempt, see Hazards.)
-    root = getattr(state, "root", None)
-    if root is not None:
-        state = root
+    base = getattr(state, "_base", _NOT_A_BUFFER)
+    if base is not _NOT_A_BUFFER:
+        root = state = state if base is None else base
         if root.ranges is not None:
             root.ranges.prune(0, root.nbytes)
             if not root.ranges._segs:

@@ -142,6 +142,7 @@ class CopyOp:
     on_complete: list | None = None                   # host steps before it completes
     staging: Any = None                               # a bounce buffer the backend used
     staged: bool = False                              # the host source was copied at submission
+    stage: bool = False                               # it is to be (decided at the call)
 
     @property
     def reads(self) -> list:
@@ -311,12 +312,15 @@ class Runtime:
 
     # -- submission (under the lock) -------------------------------------------------------------
     def submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
-                       submit: Callable[[dict], GPUFuture], *, compile: Any = None) -> GPUFuture:
+                       submit: Callable[[dict], GPUFuture], *, compile: Any = None,
+                       deferred_rw: tuple[list, list] | None = None) -> GPUFuture:
         """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
         a failed input or a broken device fails it without submitting anything, else
         ``submit(deps)`` submits it: now, or, when ``compile`` (its kernel's compile) is still
         running or a dependency is deferred work not submitted yet, once they are (the
-        operation is deferred: see ``deferred.py``)."""
+        operation is deferred: see ``deferred.py``). ``deferred_rw``, when given, is the
+        (reads, writes) to record instead if it is deferred: what orders an operation submitted
+        now may be less (a host source staged now is no reader; fresh memory has no history)."""
         if reads or writes or after:
             deps = ordering.dependencies(reads, writes, after)
             err = ordering.failed_dependency(deps) if deps else None
@@ -329,6 +333,8 @@ class Runtime:
         if deps or compile is not None:          # (deferred work in deps: its submitted work)
             resolved, blockers = deferred.resolve(deps)
             if blockers or compile is not None:
+                if deferred_rw is not None:
+                    reads, writes = deferred_rw
                 return deferred.defer(self, device, label, reads, writes, deps, submit, compile, blockers)
             deps = resolved
         return submit(deps)
@@ -353,14 +359,16 @@ class Runtime:
         views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
         roots: list[Buffer] = []            # their allocations, once each (counted as users)
         hosts: list[ordering.HostRange] = []
+        # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
         for group in (reads, writes):
             for s in group:
                 if isinstance(s, Buffer):
-                    if not ordering._contains(views, s):
+                    if s not in views:
                         views.append(s)
-                        if not ordering._contains(roots, s.root):
-                            roots.append(s.root)
-                elif isinstance(s, ordering.HostRange) and not ordering._contains(hosts, s):
+                        root = s if s._base is None else s._base
+                        if root not in roots:
+                            roots.append(root)
+                elif isinstance(s, ordering.HostRange) and s not in hosts:
                     hosts.append(s)
         for buf in roots:
             buf.users += 1
@@ -376,7 +384,7 @@ class Runtime:
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:
         """See ``aiogpu.copy``."""
         nbytes = self._check_copy(dst, src)
-        after = self.check_after(after)
+        after = self.check_after(after) if after else []
         capture = self.capturing()
         if capture is not None:
             if not all(isinstance(s, (Buffer, np.ndarray)) for s in (dst, src)):
@@ -384,18 +392,45 @@ class Runtime:
             return capture.record_copy(dst, src, after)
         with self.lock:
             self.check_open()
-            d, s = self._side(dst, "dst"), self._side(src, "src")
+            d, s = self._side(dst, "dst", nbytes), self._side(src, "src", nbytes)
             direction, device = _route(d, s)
             label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
-            return self.submit_guarded(device, label, [s.state], [d.state], after, lambda deps: self._run_copy(
-                CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), deps))
+            return self.submit_copy(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
+
+    def download(self, buf: Buffer, out: np.ndarray, ptr: int) -> GPUFuture:
+        """``buf``'s bytes copied into ``out``, a new array of the pinned pool at device pointer
+        ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime open, no capture): the copy
+        of ``copy(out, buf)`` without its validation, which holds by construction."""
+        n, device = buf.nbytes, buf.device
+        d = CopySide(out, True, None, self.hazards.host(out.__array_interface__["data"][0], n), ptr)
+        s = CopySide(buf, False, device, buf, buf.address)
+        op = CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out])
+        return self.submit_copy(op, [], fresh_dst=True)
+
+    def submit_copy(self, op: CopyOp, after: list, *, fresh_dst: bool = False) -> GPUFuture:
+        """Submit a validated copy (under the lock). A small host source that nothing pending
+        writes and that is not in the pinned pool is staged (copied into a pinned block) when
+        it is submitted: the copy then does not read the caller's array, so it is no reader of
+        it and waits for no writer of it. ``fresh_dst``: the destination is memory just taken
+        from the pinned pool, which no unretired work touches (nothing to wait for there; the
+        copy is still recorded as its writer)."""
+        s = op.src
+        reads, writes = [s.state], [op.dst.state]
+        rw = None
+        if s.host and s.ptr is None and op.nbytes <= STAGE_LIMIT and _unwritten(s.state):
+            op.stage, rw, reads = True, (reads, writes), []
+        if fresh_dst:
+            rw, writes = (reads, writes), []
+        return self.submit_guarded(op.device, op.label, reads, writes, after,
+                                   functools.partial(self._run_copy, op), deferred_rw=rw)
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
         """Host pointers, then the engine when one can take the copy, else a shader copy. The
         hooks raise only before a future took ``op.cleanup`` over: then the host memory they
         locked (or the pinned blocks staged) is released here."""
         try:
-            self._pinned_sides(op)
+            if op.stage:
+                self._stage(op)
             self._host_pointers(op)
             fut = None
             if self.copy_engines or not self._shader_can_copy(op):
@@ -412,21 +447,18 @@ class Runtime:
         fut.kind, fut.nbytes = "copy", op.nbytes
         return fut
 
-    def _pinned_sides(self, op: CopyOp) -> None:
-        """Host sides in the runtime's pinned memory are used in place; a small host source that
-        nothing pending writes is copied into a pinned block now. The backend's
-        ``_host_pointers`` handles the host sides left (their ``ptr`` is still None)."""
-        for side in (op.dst, op.src):
-            if side.host:
-                side.ptr = self.pinned.device_pointer(side.obj.__array_interface__["data"][0], op.nbytes)
+    def _stage(self, op: CopyOp) -> None:
+        """Copy the small host source into a pinned block now (``submit_copy`` chose to). A
+        deferred copy stages only if still nothing pending writes the source (else the
+        backend's ``_host_pointers`` handles it, as any host side whose ``ptr`` is None)."""
         src = op.src
-        if src.host and src.ptr is None and op.nbytes <= STAGE_LIMIT:
-            writer = src.state.last_write
-            if writer is None or writer.retired:
-                address, src.ptr, release = self.pinned.block(op.nbytes)
-                ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
-                op.cleanup.append(release)
-                op.staged = True
+        if self._replaying and not _unwritten(src.state):
+            op.stage = False
+            return
+        address, src.ptr, release = self.pinned.block(op.nbytes)
+        ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
+        op.cleanup.append(release)
+        op.staged = True
 
     def _check_copy(self, dst: Any, src: Any) -> int:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
@@ -460,12 +492,15 @@ class Runtime:
             raise ValueError(f"copy sizes differ: dst has {sizes[0]} bytes, src {sizes[1]}")
         return sizes[0]
 
-    def _side(self, side: Any, name: str) -> CopySide:
+    def _side(self, side: Any, name: str, nbytes: int) -> CopySide:
+        """One side of a validated copy; a host side in the pinned pool has its device pointer
+        (used in place), other host sides None (staged, or the backend's ``_host_pointers``)."""
         if isinstance(side, Buffer):
             return CopySide(side, False, side.device, side, side.address)
         if isinstance(side, np.ndarray):
             addr = side.__array_interface__["data"][0]
-            return CopySide(side, True, None, self.hazards.host(addr, side.nbytes), None)
+            return CopySide(side, True, None, self.hazards.host(addr, nbytes),
+                            self.pinned.device_pointer(addr, nbytes))
         info = self._foreign(side, f"copy {name}", name == "dst")
         assert info is not None                  # _check_copy accepted it as a foreign array
         ptr, nbytes, device, stream = info
@@ -743,6 +778,12 @@ def _retired(hazards: ordering.Hazards, cleanup: list, bufs: list, hosts: list) 
         ordering.prune(buf)        # finished work (and its results) is not kept alive
     for state in hosts:
         hazards.prune_host(state)
+
+
+def _unwritten(state: Any) -> bool:
+    """Whether no unretired work writes the memory of ``state`` (a HostRange)."""
+    writer = state.last_write
+    return writer is None or writer.retired
 
 
 def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:
