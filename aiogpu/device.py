@@ -387,6 +387,11 @@ class Device:
                         self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes),
                         compile=compiling)
                 loaded = self.loaded(kernel)
+            if not (reads or writes or after) and self.broken is None:
+                # Nothing to order after on a working device: submit_guarded's fast path, without
+                # building the closure it takes.
+                return self._submit_kernel(loaded, kernel.name, grid, block, values, lengths, {}, reads, writes,
+                                           keep=keep, waits=waits)
             return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
                 loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep=keep, waits=waits))
 

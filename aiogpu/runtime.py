@@ -237,7 +237,7 @@ class Runtime:
 
     def capturing(self) -> Any:
         """The graph capturing this runtime's operations in this context, else None."""
-        return _capture.current(self)
+        return None if _capture._active.get() is None else _capture.current(self)
 
     def check_after(self, after: Any) -> list[GPUFuture]:
         """``after=`` as a list of this runtime's GPUFutures (TypeError/ValueError otherwise).
@@ -351,6 +351,8 @@ class Runtime:
             fut.keep.extend(keep)
             fut._cleanup.extend(cleanup)
             return
+        if not (reads or writes or deps or keep or cleanup):
+            return                          # (work touching no memory: nothing to record)
         if not isinstance(reads, list):
             reads = list(reads)
         if not isinstance(writes, list):

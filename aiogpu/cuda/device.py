@@ -102,7 +102,9 @@ class CudaDevice(Device):
         return f"<CudaDevice {self.name} {self.product} {self.isa} (cuda)>"
 
     def make_current(self) -> None:
-        D.make_current(self.ctx, self.ctx_handle)
+        # (driver.make_current's test inlined: this runs once per operation submitted)
+        if getattr(D._tls, "ctx", None) != (self.ctx_handle, D._generation[0]):
+            D.make_current(self.ctx, self.ctx_handle)
 
     # -- hooks: memory -------------------------------------------------------------------------
     def _raw_alloc(self, size: int) -> int:
@@ -186,8 +188,8 @@ class CudaDevice(Device):
         """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock).
         On the C hot path, where the lane has a completion word and no event is recorded, the
         launch and the word's write are one C call (``submit(..., fused=True)``)."""
-        lane = self.pick_lane(deps)
-        params = loaded.pack(values)
+        lane = self.pick_lane(deps) if deps else self.compute[next(self._rr)]
+        params = loaded.pack(values) if loaded.offsets else 0
         func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
         hot = D.HOT
         rt = self.runtime
