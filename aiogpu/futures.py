@@ -10,6 +10,7 @@ thread that observes their completion objects (HSA signals in ``signals.py``, CU
 from __future__ import annotations
 
 import asyncio as _asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -17,7 +18,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import _loops
 from ._interrupts import InterruptSafeLock
@@ -555,6 +556,8 @@ class FutureHub:
             self._thread.join(timeout=5)
         with self.lock:               # (its outermost section runs the backlog)
             pass
+        while self._events:           # (what was left for the waiter)
+            self._run_event(self._events.popleft())
 
     def _run_event(self, fn: Callable[[], None]) -> None:
         try:
@@ -593,6 +596,19 @@ class FutureHub:
         if slow or retire:
             self._queued.add(fut)
             self._backlog.append((fut, exc, slow, retire))
+
+    @contextlib.contextmanager
+    def settling_under_lock(self) -> Iterator[None]:
+        """While inside (under ``lock``), completions settle under the lock, once the holder's
+        section ends: for state that a submission sets after its future can already complete
+        (a join's members, which decide how it settles)."""
+        with self.state_lock:
+            self._slow += 1
+        try:
+            yield
+        finally:
+            with self.state_lock:
+                self._slow -= 1
 
     def _settle_done(self, fut: GPUFuture, posts: dict) -> None:
         """Mark ``fut`` done (successfully) and collect its awaiters, unless settled already."""
@@ -640,31 +656,39 @@ class FutureHub:
         own = posts is None
         if posts is None:
             posts = {}
-        backlog = self._backlog
+        backlog, queued = self._backlog, self._queued
         while backlog:
             try:
                 fut, exc, slow, retire = backlog.popleft()
             except IndexError:        # (emptied by a nested run)
                 break
             try:
-                self._run_item(fut, exc, slow, retire, posts)
+                if slow or fut is None:
+                    self._run_item(fut, exc, slow, retire, posts)
+                else:                 # the common item: a settled future to retire
+                    queued.discard(fut)
+                    self._retire(fut)
             except Exception as e:  # noqa: BLE001 - one failed item must not stop the others
                 log.exception("settling or retiring %r failed", fut)
                 if fut is not None and fut._state == PENDING:     # its awaiters must not hang
                     self._finish(fut, GPUError(f"{fut.label}: settling it failed: {e!r}"), posts)
         if own and posts:
-            self._post(posts)
+            # Callbacks without a loop run on the waiter thread, never inside a lock holder's
+            # section (one that waits for another submitting thread would deadlock there).
+            waiter = self._thread
+            self._post(posts, here=waiter is None or waiter is threading.current_thread()
+                       or not waiter.is_alive())
 
     def _run_item(self, fut: GPUFuture | None, exc: BaseException | None, slow: bool,
                   retire: bool, posts: dict) -> None:
+        """Settle (under the lock) and retire an item queued as slow; or run the watchdog."""
         if fut is None:
             self._queued.discard(_WATCHDOG)
             self._check_watchdog(posts)
             return
         self._queued.discard(fut)
-        if slow:
-            with self.state_lock:
-                self._slow -= 1
+        with self.state_lock:
+            self._slow -= 1
         if fut._state == PENDING:
             # (exc None: the work completed; ``_finish`` fails a join by its members and
             # retires it.)
@@ -779,11 +803,16 @@ class FutureHub:
             self._finish(dep, err, posts)
         fut._dependents = ()
 
-    def _post(self, posts: dict) -> None:
+    def _post(self, posts: dict, here: bool = True) -> None:
+        """Wake the awaiters in ``posts``: one call per loop; those without a loop (threads'
+        callbacks) run on this thread, or with ``here`` False on the waiter thread."""
         for port, awaiters in posts.items():
             if port is None:
                 for a in awaiters:
-                    self._run_event(functools.partial(a.set_result, None))
+                    if here:
+                        self._run_event(functools.partial(a.set_result, None))
+                    else:
+                        self.post_event(functools.partial(a.set_result, None))
             else:
                 port.post(awaiters)
 

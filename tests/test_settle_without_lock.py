@@ -301,3 +301,83 @@ def test_the_lock_runs_work_left_for_its_holder_at_its_outermost_section_only():
     with lock:                            # held here: try_run runs at once, nested
         backlog.append("nested")
         assert lock.try_run(drain) is True and ran[-1] == "nested"
+
+
+def test_deferred_work_is_delivered_while_the_lock_is_held(make_runtime, monkeypatch):
+    """A launch deferred behind its kernel's compile mirrors its submitted work: that needs
+    no lock either."""
+    from aiogpu.hsa.device import HsaDevice
+
+    compiled = threading.Event()
+    monkeypatch.setattr(HsaDevice, "_needs_compile", lambda self, k: k.name.startswith("slow_")
+                        and not compiled.is_set())
+    monkeypatch.setattr(HsaDevice, "_compile", lambda self, k: compiled.set())
+
+    @aiogpu.kernel("u32", name="slow_sleep")
+    def slow_sleep(launch, ms):
+        threading.Event().wait(ms / 1000)
+
+    rt = make_runtime()
+    fut = rt.devices[0].launch(slow_sleep, (1,), (1,), (150,))
+    for _ in range(500):
+        if getattr(fut, "real", None) is not None:
+            break
+        threading.Event().wait(0.01)
+    assert fut.real is not None and not fut.done()       # submitted, still running
+    called = threading.Event()
+    with rt.lock:
+        fut.add_done_callback(lambda f: called.set())
+        assert called.wait(5), "the deferred future waited for the runtime lock"
+        assert fut.done() and fut.exception() is None
+
+
+def test_failures_across_devices_under_contention(make_runtime):
+    """A failing kernel fails the copies and kernels after it on both devices, each once, while
+    a thread keeps taking the lock; every buffer goes back."""
+    rt = make_runtime()
+    d0, d1 = rt.devices
+    stop = threading.Event()
+
+    def hog():
+        while not stop.is_set():
+            with rt.lock:
+                stop.wait(0.002)
+            stop.wait(0.0002)
+
+    settled: dict[int, int] = {}
+    count_lock = threading.Lock()
+
+    def count(f):
+        with count_lock:
+            settled[id(f)] = settled.get(id(f), 0) + 1
+
+    hogger = threading.Thread(target=hog)
+    hogger.start()
+    chains = []
+    try:
+        for i in range(20):
+            out, peer = d0.alloc(64), d1.alloc(64)
+            bad = d0.launch(fail_if, grid=(1,), block=(1,), args=(out, i % 2))
+            copy = aiogpu.copy(peer, out)
+            after = d1.launch(fail_if, grid=(1,), block=(1,), args=(peer, 0))
+            joined = aiogpu.gather(bad, copy, after)
+            chain = (bad, copy, after, joined)
+            for f in chain:
+                f.add_done_callback(count)
+            chains.append((i, chain))
+            out.free()
+            peer.free()
+        for i, chain in chains:
+            for f in chain:
+                assert f.wait(10)
+                assert (f.exception() is not None) == bool(i % 2), (i, f)
+    finally:
+        stop.set()
+        hogger.join(5)
+    total = 4 * len(chains)
+    for _ in range(300):
+        if len(settled) == total:
+            break
+        threading.Event().wait(0.01)
+    assert len(settled) == total and set(settled.values()) == {1}
+    assert rt.leaks() == {}
