@@ -381,3 +381,81 @@ def test_failures_across_devices_under_contention(make_runtime):
         threading.Event().wait(0.01)
     assert len(settled) == total and set(settled.values()) == {1}
     assert rt.leaks() == {}
+
+
+CUDA_STRESS = r"""
+import asyncio, threading
+import numpy as np
+import aiogpu
+
+rt = aiogpu.Runtime("cuda")
+d0 = rt.devices[0]
+stop = threading.Event()
+calls, calls_lock, errors = {}, threading.Lock(), []
+
+def count(f):
+    with calls_lock:
+        calls[id(f)] = calls.get(id(f), 0) + 1
+
+def hog():
+    while not stop.is_set():
+        with rt.lock:
+            stop.wait(0.001)
+        stop.wait(0.0002)
+
+futures = []
+
+def worker(k):
+    try:
+        for i in range(60):
+            data = np.full(1024, k * 1000 + i, np.float32)
+            buf = d0.alloc(data.nbytes)
+            up = aiogpu.copy(buf, data)
+            out = np.empty_like(data)            # not pinned: bounced, with a host step
+            down = aiogpu.copy(out, buf)
+            for f in (up, down):
+                f.add_done_callback(count)
+            futures.extend((up, down))
+            assert down.wait(10) and (out == data).all()
+            buf.free()
+    except BaseException as exc:
+        errors.append(exc)
+
+async def tasks():
+    async def one(i):
+        buf = d0.alloc(4096)
+        await aiogpu.copy(buf, np.full(1024, i, np.float32))
+        got = await buf.to_numpy(np.float32)
+        assert (got == i).all()
+        buf.free()
+    await asyncio.gather(*(one(i) for i in range(100)))
+
+h = threading.Thread(target=hog); h.start()
+threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+for t in threads: t.start()
+asyncio.run(tasks())
+for t in threads: t.join(60)
+stop.set(); h.join(5)
+for _ in range(300):
+    if len(calls) == len(futures): break
+    stop.wait(0.01)
+print("errors", errors)
+print("once", len(calls) == len(futures) and set(calls.values()) == {1})
+leaks = rt.leaks()
+rt.close()
+print("leaks", leaks)
+"""
+
+
+def test_cuda_submitters_awaiters_and_a_lock_hog_race():
+    """The CUDA host paths (host steps of bounced downloads, spins, the waiter) on the fake
+    driver, in a child process."""
+    if not (ROOT / "bench" / "fakecuda").is_dir():
+        pytest.skip("bench/fakecuda is not here")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "bench" / "fakecuda"), str(ROOT)]))
+    env.pop("AIOGPU_BACKEND", None)
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CUDA_STRESS)], capture_output=True,
+                          text=True, timeout=180, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "errors []" in proc.stdout and "once True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert "leaks {}" in proc.stdout, proc.stdout
