@@ -56,20 +56,30 @@ def release(previous: Callable) -> bool:
 
 
 class InterruptSafeLock:
-    """A reentrant lock whose holder is not interrupted halfway by Ctrl-C.
+    """A reentrant lock whose holder is not interrupted halfway by Ctrl-C, and that runs work
+    left for its holder.
 
     While the main thread holds it, SIGINT is held back (``hold``); when the outermost hold
     ends the lock is released first and then the original handler runs, so KeyboardInterrupt is
     raised by the ``with`` statement's exit, after the section has completed. Other threads use
     it as a plain ``threading.RLock``; ``raw`` is that RLock, for sections that need no such care.
+
+    Work left for the holder ("try-lock or delegate"): a thread that must not wait for the lock
+    appends to ``backlog`` (any object whose truth says whether work waits) and calls
+    ``try_run(drain)``; when another thread holds the lock, that holder runs ``drain`` when its
+    outermost ``with`` section begins and again before it ends (never inside a nested one, so
+    never halfway through the holder's own work). ``drain`` must not raise.
     """
 
-    __slots__ = ("raw", "_depth", "_previous")
+    __slots__ = ("raw", "_depth", "_previous", "_held", "backlog", "drain")
 
     def __init__(self) -> None:
         self.raw = threading.RLock()
         self._depth = 0                 # the main thread's nesting (only it touches these)
         self._previous: Callable | None = None
+        self._held = 0                  # the holder's nesting in ``with``/``try_run`` (any thread)
+        self.backlog: Any = ()          # truthy while work waits for the holder
+        self.drain: Callable[[], None] | None = None
 
     def __enter__(self) -> "InterruptSafeLock":
         if _get_ident() == _MAIN:
@@ -87,10 +97,16 @@ class InterruptSafeLock:
                 raise
         else:
             self.raw.acquire()
+        self._held += 1
+        if self.backlog and self._held == 1:
+            self.drain()                  # type: ignore[misc]
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self.backlog and self._held == 1:
+            self.drain()                  # type: ignore[misc]
+        self._held -= 1
         self.raw.release()
         if _get_ident() == _MAIN:
             # ``_leave()`` and ``release()`` inlined: this runs once per operation submitted.
@@ -112,8 +128,34 @@ class InterruptSafeLock:
             if release(previous):
                 previous(SIGINT, sys._getframe(1))
 
+    def try_run(self, fn: Callable[[], Any]) -> bool:
+        """Run ``fn`` under the lock if this thread can take it at once (it is free, or this
+        thread holds it already); else return False without waiting (the holder then runs
+        ``drain`` before it lets go). Ctrl-C is held back while ``fn`` runs on the main thread."""
+        main = _get_ident() == _MAIN
+        if main:
+            self._depth += 1
+            if self._depth == 1:
+                current = _getsignal(SIGINT)
+                if current is not _record and callable(current):
+                    _setsignal(SIGINT, _record)
+                    self._previous = current
+        if not self.raw.acquire(False):
+            if main:
+                self._leave()
+            return False
+        self._held += 1
+        try:
+            fn()
+        finally:
+            self._held -= 1
+            self.raw.release()
+            if main:
+                self._leave()
+        return True
+
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """As ``RLock.acquire``; no Ctrl-C protection (use ``with``)."""
+        """As ``RLock.acquire``; no Ctrl-C protection and no backlog run (use ``with``)."""
         return self.raw.acquire(blocking, timeout)
 
     def release(self) -> None:

@@ -218,13 +218,11 @@ def adopt(hub: Any, fut: Deferred, got: GPUFuture) -> None:
 
 
 def _mirror(hub: Any, fut: Deferred, got: GPUFuture) -> None:
+    """Settle ``fut`` as ``got`` settled (any thread; never waits for the lock: a failure is
+    spread by the lock's holder). It retires with ``got`` (``adopt``), or at once if done."""
     posts: dict = {}
-    with hub.lock:
-        if fut._state == PENDING:
-            hub._finish(fut, got._exc, posts)
-            if got._exc is not None and got.retired:
-                hub._retire(fut)
-    hub._post(posts)
+    hub._completed(fut, got._exc, posts, retire=got._exc is None)
+    hub._flush(posts)
 
 
 def abandon(rt: Any, timeout: float) -> int:

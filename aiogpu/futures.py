@@ -10,6 +10,7 @@ thread that observes their completion objects (HSA signals in ``signals.py``, CU
 from __future__ import annotations
 
 import asyncio as _asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -17,7 +18,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import _loops
 from ._interrupts import InterruptSafeLock
@@ -136,7 +137,7 @@ class GPUFuture(_FutureProtocol):
             return True
         hub = self._hub
         hub.arm(self)
-        with hub.lock.raw:
+        with hub.state_lock:
             if self._state != PENDING:
                 return True
             if self._event is None:
@@ -173,7 +174,7 @@ class GPUFuture(_FutureProtocol):
             self._run_callback(port, fn)
             return
         self._hub.arm(self)
-        with self._hub.lock.raw:
+        with self._hub.state_lock:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
                 return
@@ -184,7 +185,7 @@ class GPUFuture(_FutureProtocol):
         were removed (asyncio's protocol)."""
         if self._hub is None:
             return 0
-        with self._hub.lock.raw:
+        with self._hub.state_lock:
             keep = [(p, f) for p, f in self._callbacks if not (f is fn or f == fn)]
             removed = len(self._callbacks) - len(keep)
             self._callbacks = keep
@@ -225,7 +226,7 @@ class GPUFuture(_FutureProtocol):
     def _notify(self, port: Any, fn: Callable[["GPUFuture"], Any]) -> None:
         """Call ``fn(self)`` on ``port`` once done, without asking the backend for an early
         wake-up (safe under the runtime lock, e.g. while the future is being submitted)."""
-        with self._hub.lock.raw:
+        with self._hub.state_lock:
             if self._state == PENDING:
                 self._callbacks.append((port, fn))
                 return
@@ -290,14 +291,14 @@ class GPUFuture(_FutureProtocol):
         self._on_retire.append(fn)  # type: ignore[union-attr]
 
     def _register(self, port: Any, awaiter: Any) -> None:
-        with self._hub.lock.raw:
+        with self._hub.state_lock:
             if self._state == PENDING:
                 self._ports.setdefault(port, []).append(awaiter)
                 return
         port.post([awaiter])  # finished meanwhile: wake at once
 
     def _unregister(self, port: Any, awaiter: Any) -> None:
-        with self._hub.lock.raw:
+        with self._hub.state_lock:
             waiters = self._ports.get(port)
             if waiters and awaiter in waiters:
                 waiters.remove(awaiter)
@@ -310,6 +311,8 @@ class GPUFuture(_FutureProtocol):
 
 # A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
 _CallbackAwaiter = _loops.Callback
+# The backlog's mark for a queued watchdog check (in ``FutureHub._queued``).
+_WATCHDOG = object()
 
 
 class _InContext:
@@ -375,17 +378,40 @@ def completed_future(hub: "FutureHub | None", label: str = "",
 class FutureHub:
     """Pending futures and how they settle; subclasses add the waiter that observes them.
 
-    ``lock`` is the runtime's one lock: it guards future state here and the submission state of
-    the layers above (they hold it while they submit), so that a completion is never processed
-    halfway through a submission that depends on it. It also holds Ctrl-C back while the main
-    thread holds it (``_interrupts.InterruptSafeLock``): a KeyboardInterrupt arrives when the
-    ``with`` block ends, so a submission is never left half done; ``lock.raw`` is the plain
-    RLock underneath, for the short sections here. A subclass implements ``wake``, ``_run``
-    (the waiter thread's loop) and ``release_key`` (recycle a completion object).
+    ``lock`` is the runtime's one lock: it guards the submission state of the layers above and
+    everything a future holds until it *retires* (buffers, hazards, signals, host memory), so
+    that retirement never happens halfway through a submission. It also holds Ctrl-C back while
+    the main thread holds it (``_interrupts.InterruptSafeLock``): a KeyboardInterrupt arrives
+    when the ``with`` block ends, so a submission is never left half done; ``lock.raw`` is the
+    plain RLock underneath.
+
+    ``state_lock`` is a small leaf lock that guards a future's settling against registrations
+    (awaiters, done-callbacks, ``wait``): every holder does O(1) work and takes no other lock
+    under it. A future settles exactly once, under it.
+
+    Completion delivery never waits for ``lock``. A completion observed by the waiter (or a
+    spin) marks its future done and wakes its awaiters at once; retiring it is queued on the
+    *backlog*, which the observer runs itself if it can take ``lock`` at once (``try_run``),
+    else the holder runs it when its outermost section begins or ends; the waiter retries it
+    at its next wake-up (``retry_backlog``), so nothing stays unretired when nobody submits.
+    What must stay under ``lock`` goes through the backlog whole, in order: a failure (it
+    spreads to dependents, which submitters register under ``lock``), a join whose members
+    failed, the watchdog; while such an item waits, later completions queue behind it rather
+    than settle ahead of it.
+
+    A subclass implements ``wake``, ``_run`` (the waiter thread's loop) and ``release_key``
+    (recycle a completion object).
     """
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
         self.lock = InterruptSafeLock()
+        self.state_lock = threading.Lock()
+        # Work for whoever holds ``lock``: (future or None for the watchdog, host-side failure,
+        # whether the item was counted in ``_slow``, retire it).
+        self._backlog: deque[tuple] = deque()
+        self._queued: set = set()     # futures (and _WATCHDOG) with an item in the backlog
+        self._slow = 0                # items that must settle under the lock, not yet run
+        self.lock.backlog, self.lock.drain = self._backlog, self._drain
         self.watchdog_s = watchdog_s
         self.spin_s = spin_s
         self.awaiting = 0            # futures being awaited now (the spin policy reads it)
@@ -523,10 +549,15 @@ class FutureHub:
         return len(self._pending)
 
     def stop(self) -> None:
+        """Stop the waiter thread, then retire what it left in the backlog."""
         self._stop = True
         self.wake()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self.lock:               # (its outermost section runs the backlog)
+            pass
+        while self._events:           # (what was left for the waiter)
+            self._run_event(self._events.popleft())
 
     def _run_event(self, fn: Callable[[], None]) -> None:
         try:
@@ -535,27 +566,135 @@ class FutureHub:
             log.exception("waiter event failed")
 
     def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
-        """Resolve or retire futures whose completion objects read complete (waiter thread)."""
+        """Settle futures whose completion objects read complete (any thread; never waits for
+        ``lock``): see the class doc. Their awaiters reach each loop in one batch."""
         posts: dict[Any, list] = {}
-        with self.lock:
-            for key, fut in completed:
-                if self._pending.get(key) is not fut:
-                    continue
-                try:
-                    if fut._state == PENDING:
-                        self._finish(fut, None, posts)
-                    else:
-                        self._retire(fut)
-                except Exception as exc:  # noqa: BLE001 - the waiter must never die of it
-                    log.exception("settling %r failed", fut)
-                    if fut._state == PENDING:
-                        self._finish(fut, GPUError(f"{fut.label}: settling it failed: {exc!r}"), posts)
-            if self.watchdog_s is not None:
-                try:
-                    self._check_watchdog(posts)
-                except Exception:  # noqa: BLE001 - the waiter must never die of it
-                    log.exception("the watchdog check failed")
+        pending = self._pending
+        for key, fut in completed:
+            if pending.get(key) is fut:
+                self._completed(fut, None, posts)
+        self._flush(posts)
+
+    def _completed(self, fut: GPUFuture, exc: BaseException | None, posts: dict, *,
+                   retire: bool = True) -> None:
+        """The device is done with ``fut``'s work (``exc``: a failure found on the host, e.g. a
+        host-side completion step). Settle it now if that needs no lock (it succeeded, nothing
+        waits in the backlog to settle before it, and it is no join with an unsuccessful
+        member); else queue it to settle under ``lock``. Then queue its retirement (unless not
+        ``retire``). Call ``_flush(posts)`` afterwards."""
+        if fut in self._queued:       # seen already (a rescan): its item settles and retires it
+            return
+        slow = False
+        if fut._state == PENDING:
+            if exc is None and not self._slow and (fut.members is None or all(
+                    m._state == DONE for m in fut.members)):
+                self._settle_done(fut, posts)
+            else:
+                slow = True
+                with self.state_lock:
+                    self._slow += 1
+        if slow or retire:
+            self._queued.add(fut)
+            self._backlog.append((fut, exc, slow, retire))
+
+    @contextlib.contextmanager
+    def settling_under_lock(self) -> Iterator[None]:
+        """While inside (under ``lock``), completions settle under the lock, once the holder's
+        section ends: for state that a submission sets after its future can already complete
+        (a join's members, which decide how it settles)."""
+        with self.state_lock:
+            self._slow += 1
+        try:
+            yield
+        finally:
+            with self.state_lock:
+                self._slow -= 1
+
+    def _settle_done(self, fut: GPUFuture, posts: dict) -> None:
+        """Mark ``fut`` done (successfully) and collect its awaiters, unless settled already."""
+        with self.state_lock:
+            if fut._state != PENDING:
+                return
+            fut._state = DONE
+            ports, fut._ports = fut._ports, {}
+            callbacks, fut._callbacks = fut._callbacks, []
+            event = fut._event
+        self._wake_awaiters(fut, ports, callbacks, event, posts)
+
+    def _wake_awaiters(self, fut: GPUFuture, ports: dict, callbacks: list, event: Any,
+                       posts: dict) -> None:
+        if _trace.active is not None and fut.signal:
+            try:
+                _trace.active.record(fut, self.device_times(fut))
+            except Exception:  # noqa: BLE001 - a trace must never cost a wake-up
+                log.exception("tracing %r failed", fut)
+        for port, awaiters in ports.items():
+            posts.setdefault(port, []).extend(awaiters)
+        for port, fn in callbacks:
+            posts.setdefault(port, []).append(_CallbackAwaiter(fn, fut))
+        if event is not None:
+            event.set()
+
+    def _flush(self, posts: dict) -> None:
+        """Run the backlog now if ``lock`` is free (else its holder does), queueing a watchdog
+        check first when one is due; then wake the awaiters in ``posts`` (one batch per loop)."""
+        if self.watchdog_s is not None and _WATCHDOG not in self._queued:
+            self._queued.add(_WATCHDOG)
+            self._backlog.append((None, None, False, False))
+        if self._backlog:
+            self.lock.try_run(functools.partial(self._drain, posts))
         self._post(posts)
+
+    def retry_backlog(self) -> None:
+        """Run what is left in the backlog if ``lock`` is free (the waiter, at each wake-up)."""
+        if self._backlog:
+            self.lock.try_run(self._drain)
+
+    def _drain(self, posts: dict | None = None) -> None:
+        """Run the backlog, in order (under ``lock``, by whoever holds it). With no ``posts``,
+        wakes the awaiters of what it settled itself. Never raises."""
+        own = posts is None
+        if posts is None:
+            posts = {}
+        backlog, queued = self._backlog, self._queued
+        while backlog:
+            try:
+                fut, exc, slow, retire = backlog.popleft()
+            except IndexError:        # (emptied by a nested run)
+                break
+            try:
+                if slow or fut is None:
+                    self._run_item(fut, exc, slow, retire, posts)
+                else:                 # the common item: a settled future to retire
+                    queued.discard(fut)
+                    self._retire(fut)
+            except Exception as e:  # noqa: BLE001 - one failed item must not stop the others
+                log.exception("settling or retiring %r failed", fut)
+                if fut is not None and fut._state == PENDING:     # its awaiters must not hang
+                    self._finish(fut, GPUError(f"{fut.label}: settling it failed: {e!r}"), posts)
+        if own and posts:
+            # Callbacks without a loop run on the waiter thread, never inside a lock holder's
+            # section (one that waits for another submitting thread would deadlock there).
+            waiter = self._thread
+            self._post(posts, here=waiter is None or waiter is threading.current_thread()
+                       or not waiter.is_alive())
+
+    def _run_item(self, fut: GPUFuture | None, exc: BaseException | None, slow: bool,
+                  retire: bool, posts: dict) -> None:
+        """Settle (under the lock) and retire an item queued as slow; or run the watchdog."""
+        if fut is None:
+            self._queued.discard(_WATCHDOG)
+            self._check_watchdog(posts)
+            return
+        self._queued.discard(fut)
+        with self.state_lock:
+            self._slow -= 1
+        if fut._state == PENDING:
+            # (exc None: the work completed; ``_finish`` fails a join by its members and
+            # retires it.)
+            self._finish(fut, exc, posts)
+        if retire:
+            self._retire(fut)
 
     def _check_watchdog(self, posts: dict) -> None:
         """Fail work that could run but stays silent for ``watchdog_s`` (a lost completion).
@@ -606,7 +745,8 @@ class FutureHub:
 
     # -- completion ----------------------------------------------------------------------------
     def _finish(self, fut: GPUFuture, exc: BaseException | None, posts: dict) -> None:
-        """Settle the user-visible state; retire at once when the device completed it (the
+        """Settle the user-visible state (call under ``lock``: a failure spreads to the
+        dependents registered under it); retire at once when the device completed it (the
         signal said so). A join completed on the device fails then with its first failed
         member's error."""
         if fut._state != PENDING:
@@ -614,18 +754,15 @@ class FutureHub:
         completed = exc is None
         if completed and fut.members is not None:
             exc = next((m._exc for m in fut.members if m._state == FAILED), None)
-        fut._state = FAILED if exc is not None else DONE
-        fut._exc = exc
-        if _trace.active is not None and fut.signal:
-            _trace.active.record(fut, self.device_times(fut))
-        for port, awaiters in fut._ports.items():
-            posts.setdefault(port, []).extend(awaiters)
-        fut._ports = {}
-        for port, fn in fut._callbacks:
-            posts.setdefault(port, []).append(_CallbackAwaiter(fn, fut))
-        fut._callbacks = []
-        if fut._event is not None:
-            fut._event.set()
+        with self.state_lock:
+            if fut._state != PENDING:
+                return
+            fut._state = FAILED if exc is not None else DONE
+            fut._exc = exc
+            ports, fut._ports = fut._ports, {}
+            callbacks, fut._callbacks = fut._callbacks, []
+            event = fut._event
+        self._wake_awaiters(fut, ports, callbacks, event, posts)
         if exc is not None:
             self._propagate(fut, exc, posts)
         if completed:
@@ -666,11 +803,16 @@ class FutureHub:
             self._finish(dep, err, posts)
         fut._dependents = ()
 
-    def _post(self, posts: dict) -> None:
+    def _post(self, posts: dict, here: bool = True) -> None:
+        """Wake the awaiters in ``posts``: one call per loop; those without a loop (threads'
+        callbacks) run on this thread, or with ``here`` False on the waiter thread."""
         for port, awaiters in posts.items():
             if port is None:
                 for a in awaiters:
-                    self._run_event(functools.partial(a.set_result, None))
+                    if here:
+                        self._run_event(functools.partial(a.set_result, None))
+                    else:
+                        self.post_event(functools.partial(a.set_result, None))
             else:
                 port.post(awaiters)
 

@@ -586,13 +586,14 @@ class Runtime:
             # Ordering edges only: a member's failure must not settle the join early.
             fut: GPUFuture
             deps, blockers = deferred.resolve({f: False for f in live})
-            if blockers:
-                fut = deferred.defer(self, device, f"gather of {len(live)}", [], [], deps, lambda d: self._submit_join(
-                    device, [f for f in d if not f.retired], d), blockers=blockers)
-            else:
-                fut = self._submit_join(device, list(deps), deps)
-            if fut.members is None and not fut.done():
-                fut.members = futures
+            with self.hub.settling_under_lock():     # (the join must not settle before its members are set)
+                if blockers:
+                    fut = deferred.defer(self, device, f"gather of {len(live)}", [], [], deps, lambda d: self._submit_join(
+                        device, [f for f in d if not f.retired], d), blockers=blockers)
+                else:
+                    fut = self._submit_join(device, list(deps), deps)
+                if fut.members is None and not fut.done():
+                    fut.members = futures
             return fut
 
     # -- graphs ----------------------------------------------------------------------------------

@@ -187,7 +187,8 @@ class CompletionHub(FutureHub):
                 arrays = self._build_arrays()
             n, sigs, conds, vals, polled = arrays
             if self._wake_interrupt:
-                api.hsa_amd_signal_wait_any(n, sigs, conds, vals, poll if polled else guard,
+                # (Retirement left for a lock holder is retried soon, as busy-wait signals are.)
+                api.hsa_amd_signal_wait_any(n, sigs, conds, vals, poll if polled or self._backlog else guard,
                                             T.HSA_WAIT_STATE_BLOCKED, None)
             else:   # not even the wake signal has an event: poll rather than make ROCr spin
                 time.sleep(POLL_S)
@@ -196,17 +197,18 @@ class CompletionHub(FutureHub):
             self._woken = False
             self.wakeups += 1
             self._scan()
+            self.retry_backlog()
 
     def _build_arrays(self) -> tuple:
         """The wait's arrays: the wake signal and the pending interrupt signals (never a signal
         without an event: ROCr would spin through the whole wait); and whether busy-wait
-        signals are pending (then the wait also times out every POLL_S)."""
-        with self.lock:
-            interrupt = self.pool.interrupt
-            pending = list(self._pending)
-            handles = [self._wake, *[h for h in pending if h in interrupt]]
-            polled = len(handles) - 1 < len(pending)
-            self._dirty = False
+        signals are pending (then the wait also times out every POLL_S). Without the lock:
+        ``_dirty`` is cleared before the copy, so a registration after it rebuilds them."""
+        self._dirty = False
+        interrupt = self.pool.interrupt
+        pending = self._pending.copy()     # (one C call: atomic under the GIL)
+        handles = [self._wake, *[h for h in pending if h in interrupt]]
+        polled = len(handles) - 1 < len(pending)
         n = len(handles)
         sigs = (T.hsa_signal_t * n)()
         ctypes.memmove(sigs, (ctypes.c_uint64 * n)(*handles), 8 * n)
@@ -217,11 +219,10 @@ class CompletionHub(FutureHub):
     def _scan(self) -> None:
         """Look at every pending signal: a cheap read of each value word outside the lock, then
         an acquire load (``hsa_signal_load_scacquire``) of each that looks done before its
-        future is resolved."""
+        future is resolved. Never waits for the runtime lock (see ``FutureHub``)."""
         while self._events:
             self._run_event(self._events.popleft())
-        with self.lock:
-            snapshot = list(self._pending.items())
+        snapshot = list(self._pending.copy().items())    # (the copy is one C call: atomic)
         views = self.pool.views
         load = self.api.hsa_signal_load_scacquire
         done = [(h, f) for h, f in snapshot if views[h].value < 1 and load(T.hsa_signal_t(h)) < 1]

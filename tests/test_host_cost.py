@@ -180,7 +180,9 @@ async def _sleep_and_wait(d0, buf):
 
 
 async def _launch_and_wait(d0, buf):
-    await d0.launch(scale, grid=(1024,), block=(256,), args=(buf, 2.0, 1024))
+    # (2 ms: the await must start before the work completes. A tiny kernel may already be
+    # settled by then, now that the waiter delivers without waiting for the runtime lock.)
+    await d0.launch(sleep_ms, grid=(1,), block=(1,), args=(2,))
 
 
 @pytest.mark.asyncio

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import time
 from typing import Any, Callable
 
@@ -53,7 +54,6 @@ DEFAULT_SPIN_S = 1e-3
 PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
 PRESLEEP_MARGIN_S = 1e-3   # ... until this long before their predicted end (timer granularity)
 LEARN_MIN_BYTES = 1 << 20
-SETTLE_SLICE = 32          # futures settled per hold of the runtime lock on the waiter thread
 
 
 class CudaFuture(GPUFuture):
@@ -114,6 +114,7 @@ class CudaHub(FutureHub):
         self.spin_hits = 0
         self.spin_misses = 0
         self.arms = 0
+        self._observe = threading.RLock()
         self.start()
 
     # -- futures ---------------------------------------------------------------------------------
@@ -238,27 +239,37 @@ class CudaHub(FutureHub):
             fut._learn()
 
     # -- observing lanes ---------------------------------------------------------------------------
+    # Completions are observed and settled without the runtime lock (see ``FutureHub``); the
+    # hub's ``_observe`` lock makes whoever observes (the waiter, an awaiter's spin, ``done()``)
+    # take each lane's prefix and run its host steps one at a time, so that host steps run in
+    # submission order. Its holders never wait for the runtime lock (only ``try_run``) and wake
+    # no awaiters under it.
     def observed(self, lane: Any, ticket: int, code: int) -> None:
-        """The event of ``ticket`` on ``lane`` read ``code``: settle the lane's prefix up to it,
-        or fail the device on a sticky error."""
+        """The event of ``ticket`` on ``lane`` read ``code``: settle the lane's prefix up to it
+        (without the runtime lock), or fail the device on a sticky error (under it)."""
         if code != 0:
             self.device_failed(lane.device, code, lane)
             return
+        posts: dict = {}
+        with self._observe:
+            self._take(lane, ticket, posts)
+        self._flush(posts)
+
+    def _take(self, lane: Any, ticket: int, posts: dict) -> None:
+        """Settle ``lane``'s pending prefix up to ``ticket`` (under ``_observe``)."""
         done = []
-        with self.lock:
-            pending = lane.pending
-            while pending and pending[0].ticket <= ticket:
-                f = pending.popleft()
-                if not f.retired:
-                    done.append((f.signal, f))
+        pending = lane.pending
+        while pending and pending[0].ticket <= ticket:
+            f = pending.popleft()
+            if not f.retired:
+                done.append((f.signal, f))
         if done:
-            self._settle(done)
+            self._complete_batch(done, posts)
 
     def scan(self) -> None:
         """Level-triggered: query every lane's pending events, oldest first."""
         query, stream_query = D.HOT.query, D.cu.cuStreamQuery
-        with self.lock:
-            work = [(lane, list(lane.pending)) for lane in self.lanes if lane.pending]
+        work = [(lane, _snapshot(lane.pending)) for lane in list(self.lanes) if lane.pending]
         for lane, futs in work:
             lane.device.make_current()
             last, code = None, 0
@@ -277,11 +288,12 @@ class CudaHub(FutureHub):
             elif last is not None:
                 self.observed(lane, last.ticket, 0)
         if self.watchdog_s is not None:
-            self._settle([])
+            self._flush({})
 
     def device_failed(self, device: Any, code: int, lane: Any = None) -> None:
         """A sticky CUDA error on ``device``: fail every pending future of it (and, through
-        dependencies, theirs elsewhere); mark the device broken."""
+        dependencies, theirs elsewhere); mark the device broken. Takes the runtime lock (a
+        failure spreads under it)."""
         name = D.error_name(code)
         posts: dict = {}
         with self.lock:
@@ -300,54 +312,45 @@ class CudaHub(FutureHub):
                     self._finish(f, err, posts)
             for f in victims:
                 self.retire_failed(f)
-            for ln in device.lanes:
-                ln.pending.clear()
+            with self._observe:
+                for ln in device.lanes:
+                    ln.pending.clear()
         self._post(posts)
 
     def _settle(self, completed: list) -> None:
-        """Resolve futures whose events read complete; run their host-side completion steps
-        (staged device-to-host copies) first, in submission order."""
+        """Settle futures whose events read complete (without the runtime lock)."""
+        posts: dict = {}
+        with self._observe:
+            self._complete_batch(completed, posts)
+        self._flush(posts)
+
+    def _complete_batch(self, completed: list, posts: dict) -> None:
+        """Settle completed futures in submission order, running their host-side completion
+        steps (staged device-to-host copies) first, and those of the work they depend on
+        (under ``_observe``); a failed step fails its future (under the runtime lock, later)."""
         if len(completed) > 1:
             completed.sort(key=lambda kf: kf[0])
-        # In slices, each under its own short hold of the lock: the loop thread submitting
-        # meanwhile waits for one slice at most, not for the whole batch. The awaiters still
-        # reach each loop in one batch (one thread-safe call per wake-up).
-        posts: dict = {}
-        for at in range(0, max(len(completed), 1), SETTLE_SLICE):
-            if at:
-                # Let go of the GIL between slices: a loop thread that blocked on the lock
-                # during the last slice takes it now, rather than finding the lock held again
-                # each time the interpreter switches to it (a lock convoy).
-                time.sleep(0)
-            self._settle_slice(completed[at:at + SETTLE_SLICE], posts, last=at + SETTLE_SLICE >= len(completed))
-        self._post(posts)
-
-    def _settle_slice(self, completed: list, posts: dict, last: bool) -> None:
-        with self.lock:
-            for key, fut in completed:
-                if self._pending.get(key) is not fut:
-                    continue
-                if fut._state == PENDING:
-                    exc = None
-                    for dep in fut.host_deps or ():
-                        if dep._state == PENDING:   # complete on the device: settle it first
-                            self.observed(dep.lane, dep.ticket, 0)
-                    fut.host_deps = None
-                    for hook in fut.on_complete or ():
-                        try:
-                            hook()
-                        except Exception as e:  # noqa: BLE001 - becomes the future's failure
-                            exc = GPUError(f"{fut.label}: completing on the host failed: {e}")
-                    self._finish(fut, exc, posts)
-                    if exc is not None:
-                        self._retire(fut)
-                else:
-                    self._retire(fut)
-            if last and self.watchdog_s is not None:
-                self._check_watchdog(posts)
+        for key, fut in completed:
+            if self._pending.get(key) is not fut:
+                continue
+            exc = None
+            if fut._state == PENDING:
+                for dep in fut.host_deps or ():
+                    if dep._state == PENDING:   # complete on the device: settle it first
+                        self._take(dep.lane, dep.ticket, posts)
+                fut.host_deps = None
+                for hook in fut.on_complete or ():
+                    try:
+                        hook()
+                    except Exception as e:  # noqa: BLE001 - becomes the future's failure
+                        exc = GPUError(f"{fut.label}: completing on the host failed: {e}")
+                fut.on_complete = None       # (run once, even when a rescan sees it again)
+            self._completed(fut, exc, posts)
 
     # -- the waiter thread -----------------------------------------------------------------------
     def _guard(self) -> float:
+        if self._backlog:             # retirement left for a lock holder: retry soon
+            return UNCOVERED_GUARD_S
         for lane in self.lanes:
             if lane.pending and lane.armed < lane.ticket:
                 return UNCOVERED_GUARD_S
@@ -363,6 +366,7 @@ class CudaHub(FutureHub):
                 self._run_event(self._events.popleft())
             try:
                 self.scan()
+                self.retry_backlog()
             except Exception:  # noqa: BLE001 - the waiter must never die
                 from ..futures import log
                 log.exception("CUDA waiter scan failed")
@@ -370,6 +374,16 @@ class CudaHub(FutureHub):
     def close(self) -> None:
         self.stop()
         self.sem.destroy()
+
+
+def _snapshot(pending: Any) -> list:
+    """A list of a lane's pending deque, which submitters append to meanwhile (a deque raises
+    rather than skip when it changes during the copy: then copy again)."""
+    while True:
+        try:
+            return list(pending)
+        except RuntimeError:
+            continue
 
 
 def _submitted(fut: Any) -> "CudaFuture | None":
