@@ -245,15 +245,15 @@ def test_the_gil_is_held_in_driver_calls_unless_asked(release):
     timedwait = ctypes.cast(libc.sem_timedwait, vp).value
     hotc.init(0, 0, 0, 0, 0, timedwait, 0, 0)
     before = hotc.set_release_gil(release)
-    poster = threading.Thread(target=lambda: libc.sem_post(sem))
+    poster = threading.Timer(0.05, lambda: libc.sem_post(sem))
     try:
-        threading.Timer(0.05, poster.start).start()
+        poster.start()
         got = hotc.record(ctypes.addressof(sem), ctypes.addressof(ts))
         assert (got == 0) == release, got       # posted meanwhile / timed out (-1)
     finally:
         hotc.set_release_gil(before)
         hotc.init(*saved)
-        poster.join(5)
+        poster.join(5)                          # (when held: it posts once the call has returned)
         libc.sem_destroy(sem)
     assert before is False                      # the default
 
