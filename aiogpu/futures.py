@@ -64,7 +64,7 @@ class GPUFuture(_FutureProtocol):
     _asyncio_future_blocking = False
     if TYPE_CHECKING:    # our own fields, not asyncio.Future's of the same names
         _state: int  # type: ignore[assignment]
-        _callbacks: list[tuple[Any, Callable]]  # type: ignore[assignment]
+        _callbacks: list[tuple[Any, Callable]] | tuple  # type: ignore[assignment]
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
@@ -75,10 +75,12 @@ class GPUFuture(_FutureProtocol):
         self._state = PENDING
         self._exc: BaseException | None = None
         self.signal = signal            # HSA signal handle (0: not backed by a signal)
-        self._ports: dict[Any, list] = {}
+        # Empty (None or ()) until the first entry: fewer objects per future for the garbage
+        # collector to track (a request's futures live across several of its collections).
+        self._ports: dict[Any, list] | None = None
         self._event: threading.Event | None = None
-        self._callbacks: list[tuple[Any, Callable]] = []
-        self._cleanup: list[Callable[[], None]] = []
+        self._callbacks = ()
+        self._cleanup: list[Callable[[], None]] | tuple = ()
         # Rarely used: an empty tuple until the first entry (fewer objects per future for the
         # garbage collector to track; see add_dependent, add_dep_signal, _on_retire).
         self._dependents: list[GPUFuture] | tuple = ()
@@ -96,7 +98,7 @@ class GPUFuture(_FutureProtocol):
         self.packet: int | None = None    # packet index of the completion packet in that queue
         self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
         self.submitted_at = time.monotonic()
-        self.keep: list[Any] = []         # buffers and host arrays the GPU work uses
+        self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
 
     # -- state -------------------------------------------------------------------------------
@@ -176,9 +178,15 @@ class GPUFuture(_FutureProtocol):
         self._hub.arm(self)
         with self._hub.state_lock:
             if self._state == PENDING:
-                self._callbacks.append((port, fn))
+                self._add_callback(port, fn)
                 return
         self._run_callback(port, fn)
+
+    def _add_callback(self, port: Any, fn: Callable) -> None:
+        if self._callbacks:
+            self._callbacks.append((port, fn))         # type: ignore[union-attr]
+        else:
+            self._callbacks = [(port, fn)]
 
     def remove_done_callback(self, fn: Callable[["GPUFuture"], Any]) -> int:
         """Remove every registration of ``fn`` not yet handed to its loop; returns how many
@@ -228,7 +236,7 @@ class GPUFuture(_FutureProtocol):
         wake-up (safe under the runtime lock, e.g. while the future is being submitted)."""
         with self._hub.state_lock:
             if self._state == PENDING:
-                self._callbacks.append((port, fn))
+                self._add_callback(port, fn)
                 return
         self._run_callback(port, fn)
 
@@ -293,13 +301,16 @@ class GPUFuture(_FutureProtocol):
     def _register(self, port: Any, awaiter: Any) -> None:
         with self._hub.state_lock:
             if self._state == PENDING:
-                self._ports.setdefault(port, []).append(awaiter)
+                ports = self._ports
+                if ports is None:
+                    ports = self._ports = {}
+                ports.setdefault(port, []).append(awaiter)
                 return
         port.post([awaiter])  # finished meanwhile: wake at once
 
     def _unregister(self, port: Any, awaiter: Any) -> None:
         with self._hub.state_lock:
-            waiters = self._ports.get(port)
+            waiters = self._ports.get(port) if self._ports else None
             if waiters and awaiter in waiters:
                 waiters.remove(awaiter)
 
@@ -616,20 +627,21 @@ class FutureHub:
             if fut._state != PENDING:
                 return
             fut._state = DONE
-            ports, fut._ports = fut._ports, {}
-            callbacks, fut._callbacks = fut._callbacks, []
+            ports, fut._ports = fut._ports, None
+            callbacks, fut._callbacks = fut._callbacks, ()
             event = fut._event
         self._wake_awaiters(fut, ports, callbacks, event, posts)
 
-    def _wake_awaiters(self, fut: GPUFuture, ports: dict, callbacks: list, event: Any,
+    def _wake_awaiters(self, fut: GPUFuture, ports: dict | None, callbacks: list | tuple, event: Any,
                        posts: dict) -> None:
         if _trace.active is not None and fut.signal:
             try:
                 _trace.active.record(fut, self.device_times(fut))
             except Exception:  # noqa: BLE001 - a trace must never cost a wake-up
                 log.exception("tracing %r failed", fut)
-        for port, awaiters in ports.items():
-            posts.setdefault(port, []).extend(awaiters)
+        if ports:
+            for port, awaiters in ports.items():
+                posts.setdefault(port, []).extend(awaiters)
         for port, fn in callbacks:
             posts.setdefault(port, []).append(_CallbackAwaiter(fn, fut))
         if event is not None:
@@ -759,8 +771,8 @@ class FutureHub:
                 return
             fut._state = FAILED if exc is not None else DONE
             fut._exc = exc
-            ports, fut._ports = fut._ports, {}
-            callbacks, fut._callbacks = fut._callbacks, []
+            ports, fut._ports = fut._ports, None
+            callbacks, fut._callbacks = fut._callbacks, ()
             event = fut._event
         self._wake_awaiters(fut, ports, callbacks, event, posts)
         if exc is not None:
@@ -780,13 +792,13 @@ class FutureHub:
                 fn()
             except Exception:  # noqa: BLE001 - one failed release must not stop the others
                 log.exception("releasing what %r held failed", fut)
-        fut._cleanup = []
+        fut._cleanup = ()
         for key in fut._dep_signals:
             self.release_key(key)
         fut._dep_signals = ()
         if fut.signal:
             self.release_key(fut.signal)
-        fut.keep = []
+        fut.keep = ()
         fut._dependents = ()
         if fut._exc is None:
             fut.preds = []   # it finished after them: nothing to inherit

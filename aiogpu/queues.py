@@ -236,7 +236,7 @@ class AqlQueue:
         fut.device, fut.kind, fut.queue = getattr(self, "device", None), "barrier", self.name
         fut.add_dependent(main)         # a failed part fails the whole group
         main.preds.append(fut)               # and the group completes only after its parts
-        fut._cleanup.append(lambda: self.retired(fut))
+        fut._cleanup = [*fut._cleanup, lambda: self.retired(fut)]
         return fut
 
     def holds(self, fut: GPUFuture) -> bool:
@@ -295,7 +295,7 @@ class AqlQueue:
                 struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
             else:
                 entries, placed = placed, []
-                group.future._cleanup.insert(0, lambda: [self.kernarg.free(e) for e in entries])
+                group.future._cleanup = [lambda: [self.kernarg.free(e) for e in entries], *group.future._cleanup]
                 return True
             return False
         finally:

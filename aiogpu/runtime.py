@@ -348,8 +348,8 @@ class Runtime:
             # Deferred work being submitted: its Deferred future recorded the hazards and holds
             # the buffers since the call (deferred.py); the submitted work only waits and cleans.
             fut.preds.extend(d for d in deps if not d.retired)
-            fut.keep.extend(keep)
-            fut._cleanup.extend(cleanup)
+            fut.keep = [*fut.keep, *keep]
+            fut._cleanup = [*fut._cleanup, *cleanup]
             return
         if not (reads or writes or deps or keep or cleanup):
             return                          # (work touching no memory: nothing to record)
@@ -374,13 +374,11 @@ class Runtime:
                     hosts.append(s)
         for buf in roots:
             buf.users += 1
-        if views:
-            fut.keep.extend(views)
-        if keep:
-            fut.keep.extend(keep)
+        if views or keep:
+            fut.keep = [*fut.keep, *views, *keep]
         cleanup = list(cleanup) if cleanup else []
         if roots or hosts or cleanup:
-            fut._cleanup.append(functools.partial(_retired, self.hazards, cleanup, roots, hosts))
+            fut._cleanup = [*fut._cleanup, functools.partial(_retired, self.hazards, cleanup, roots, hosts)]
 
     # -- copies --------------------------------------------------------------------------------
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:

@@ -279,7 +279,7 @@ class HsaGraphExec(GraphExec):
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs,
                                       kernarg_align=align))
         for fut, _ in marks:      # node futures retire with their lane
-            fut._cleanup.append(lambda q=lane.queue, f=fut: q.inflight.pop(f, None))
+            fut._cleanup = [*fut._cleanup, lambda q=lane.queue, f=fut: q.inflight.pop(f, None)]
         return segment
 
     def _submit_sdma(self, node: GraphNode, engine: int, node_futs: dict, head: list, deps: dict) -> GPUFuture:
