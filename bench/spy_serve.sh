@@ -6,6 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD
 SPY=/tmp/site/bin/py-spy; [ -x $SPY ] || SPY=$(ls /tmp/site/*/py-spy 2>/dev/null | head -1)
 echo "spy: $SPY"
+python3 -m aiogpu.cuda.build_hotc 2>&1 | tail -1      # the C hot path, as bench/h200.sh builds it
 MODE=${MODE:-aiogpu}; WORK=${WORK:-trivial}
 for gil in "" "--gil"; do
   tag=${gil:+gil}; tag=${tag:-all}
