@@ -26,6 +26,7 @@ from ..errors import BackendUnavailable, GPUError
 from ..futures import PENDING, completed_future
 from ..runtime import FIXES, CopyOp, Runtime
 from . import driver as D
+from . import nvrtc
 from . import foreign, hostmem, interop, probe
 from .device import CudaDevice
 from .driver import cu
@@ -76,6 +77,9 @@ class CudaRuntime(Runtime):
             self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
             lane = self.devices[0].compute[0]
             self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
+            # Load NVRTC now (its import maps a large library while holding the GIL: done by the
+            # first compile's worker thread, it stalled the event loop for 4-6 ms on the H200).
+            nvrtc.version()
             self.host = hostmem.HostMemory(self)
             self._enable_peers()
         except BaseException:
