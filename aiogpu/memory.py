@@ -457,8 +457,8 @@ class Buffer:
                                self.typed_dtype, shape)
 
     def __iter__(self) -> Any:
-        raise TypeError(f"a Buffer is device memory and cannot be iterated; read it with "
-                        f"`await buf.to_numpy()`")
+        raise TypeError("a Buffer is device memory and cannot be iterated; read it with "
+                        "`await buf.to_numpy()`")
 
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(f"{self!r} is device memory; NumPy cannot read it in place. Copy it to the host "

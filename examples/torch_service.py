@@ -26,7 +26,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import numpy as np

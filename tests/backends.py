@@ -3,10 +3,34 @@ the tests: the emulator always; CUDA where an NVIDIA GPU answers; two-GPU varian
 interop only where those are present)."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import aiogpu
 from aiogpu.runtime import cuda_available
+
+ROOT = Path(__file__).resolve().parent.parent
+# bench/fakecuda's driver (an instant fake cuda.bindings) runs the CUDA backend's host paths on a
+# machine without a GPU, in a child process; where the real cuda-bindings are installed it cannot
+# shadow them, and the CUDA tests run those paths on the real driver instead.
+on_fake_cuda = pytest.mark.skipif(
+    importlib.util.find_spec("cuda") is not None,
+    reason="the real cuda-bindings are installed: bench/fakecuda's fake cannot shadow them "
+           "(the CUDA tests run these paths on the real driver)")
+
+
+def run_on_fake_cuda(script: str, *, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """``python -c script`` on bench/fakecuda's driver (CUDA backend by default; ``env`` adds
+    variables), from the repository's root, its output captured as text."""
+    path = os.pathsep.join([str(ROOT / "bench" / "fakecuda"), str(ROOT), str(ROOT / "tests")])
+    full = {**os.environ, "PYTHONPATH": path, "AIOGPU_BACKEND": "cuda", **env}
+    return subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
 
 CUDA_OK, CUDA_WHY = cuda_available()
 BACKENDS = [

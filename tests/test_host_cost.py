@@ -4,7 +4,6 @@ Timings are the benchmarks' business (bench/serve.py); these tests count calls a
 contents."""
 from __future__ import annotations
 
-import importlib.util
 
 import asyncio
 import gc
@@ -14,6 +13,7 @@ import pytest
 
 import aiogpu
 from gpu_kernels import scale, sleep_ms
+from backends import on_fake_cuda, run_on_fake_cuda
 
 
 def _count(monkeypatch, obj, name):
@@ -273,21 +273,12 @@ print("ok")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None,
-                    reason="the real cuda-bindings are installed: the fake one cannot shadow them "
-                           "(the CUDA tests run these paths on the real driver)")
+@on_fake_cuda
 def test_cuda_host_paths_on_the_fake_driver():
     """The CUDA backend's host paths (spin without the lock, settling by the waiter, staged
     uploads, pinned downloads) on bench/fakecuda's instant driver, in a child process: this runs
     the CUDA code on machines without a GPU (kernels do nothing there; copies are real)."""
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "bench", "fakecuda"), root]),
-               AIOGPU_BACKEND="cuda")
-    proc = subprocess.run([sys.executable, "-c", FAKE_CUDA_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_on_fake_cuda(FAKE_CUDA_SCRIPT)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr
 
 
@@ -347,20 +338,11 @@ async def test_a_request_leaves_no_cyclic_garbage(rt):
     assert leftovers == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None,
-                    reason="the real cuda-bindings are installed: the fake one cannot shadow them "
-                           "(tests/test_stream_futures.py runs these paths with PyTorch on a GPU)")
+@on_fake_cuda
 def test_stream_futures_on_the_fake_driver_use_completion_words():
     """A foreign stream's futures (``aiogpu.stream_future``) are writes of a completion word on
     that stream: awaited by one task (the spin reads the word) and by many at once (parked
     awaiters arm a stream of aiogpu's own that waits for the word), used in ``after=``, and no
     event is created for them."""
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "bench", "fakecuda"), root]),
-               AIOGPU_BACKEND="cuda")
-    proc = subprocess.run([sys.executable, "-c", FAKE_STREAM_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_on_fake_cuda(FAKE_STREAM_SCRIPT)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

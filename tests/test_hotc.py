@@ -7,13 +7,12 @@ AIOGPU_REQUIRE_HOTC=1 to make that a failure (CI, where gcc exists).
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
-import subprocess
-import sys
 import threading
 
 import pytest
+
+from backends import on_fake_cuda, run_on_fake_cuda
 
 if os.environ.get("AIOGPU_REQUIRE_HOTC"):
     import aiogpu.cuda._hotc as hotc
@@ -330,15 +329,10 @@ print("ok", counts)
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("cuda") is not None,
-                    reason="the real cuda-bindings are installed: the fake one cannot shadow them")
+@on_fake_cuda
 def test_the_backend_on_the_c_path_with_fake_entry_points():
     """Launches, uploads, device copies and downloads of the CUDA backend through _CHot (the
     fused launch+write and memcpy+write calls), on bench/fakecuda with the fake entry points
     above; no cuda-bindings call on the hot path. Also: the C path is not chosen on the fake."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(root, "bench", "fakecuda"), root]),
-               AIOGPU_BACKEND="cuda", AIOGPU_CUDA_HOT="c")
-    proc = subprocess.run([sys.executable, "-c", FAKE_C_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=root)
+    proc = run_on_fake_cuda(FAKE_C_SCRIPT, AIOGPU_CUDA_HOT="c")
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

@@ -9,9 +9,6 @@ processor and queue errors; every callback runs exactly once and nothing leaks.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 from pathlib import Path
@@ -22,6 +19,7 @@ import pytest
 import aiogpu
 from aiogpu.testing import Injector
 from gpu_kernels import fail_if, scale, sleep_ms
+from backends import on_fake_cuda, run_on_fake_cuda
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -250,15 +248,10 @@ print("leaks", leaks)
 """
 
 
+@on_fake_cuda
 def test_cuda_completion_is_delivered_while_the_runtime_lock_is_held():
     """The CUDA waiter's path, on the fake driver of bench/fakecuda (in a child process)."""
-    if not (ROOT / "bench" / "fakecuda").is_dir():
-        pytest.skip("bench/fakecuda is not here")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "bench" / "fakecuda"), str(ROOT),
-                                                       str(ROOT / "tests")]))
-    env.pop("AIOGPU_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CUDA_SCRIPT)], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=ROOT)
+    proc = run_on_fake_cuda(textwrap.dedent(CUDA_SCRIPT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "delivered True retired_inside False retired_after True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert "leaks {}" in proc.stdout, proc.stdout
@@ -447,15 +440,11 @@ print("leaks", leaks)
 """
 
 
+@on_fake_cuda
 def test_cuda_submitters_awaiters_and_a_lock_hog_race():
     """The CUDA host paths (host steps of bounced downloads, spins, the waiter) on the fake
     driver, in a child process."""
-    if not (ROOT / "bench" / "fakecuda").is_dir():
-        pytest.skip("bench/fakecuda is not here")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "bench" / "fakecuda"), str(ROOT)]))
-    env.pop("AIOGPU_BACKEND", None)
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(CUDA_STRESS)], capture_output=True,
-                          text=True, timeout=180, env=env, cwd=ROOT)
+    proc = run_on_fake_cuda(textwrap.dedent(CUDA_STRESS), timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "errors []" in proc.stdout and "once True" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert "leaks {}" in proc.stdout, proc.stdout

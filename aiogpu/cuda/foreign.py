@@ -113,7 +113,6 @@ def foreign_lane(device: Any, handle: int) -> Any:
 def ext_lane(device: Any) -> Any:
     """One of the device's own streams that capture foreign events: an idle one, else a new one
     (up to ``EXT_LANES``), else the least busy (so a long wait seldom holds up a short one)."""
-    from .streams import Lane
     idle = next((lane for lane in device.ext if not lane.pending), None)
     if idle is not None:
         return idle
