@@ -136,3 +136,18 @@ class Gate:
 
     def open(self):
         GATES[self.key].set()
+
+
+async def freed_while_in_use(device):
+    """An 8-byte buffer freed while a kernel that increments it waits behind a closed gate:
+    (the gate, that kernel's future, the buffer's address). Open the gate to let it run."""
+    import numpy as np
+
+    gate = Gate()
+    buf = device.alloc(8)
+    await aiogpu.copy(buf, np.zeros(1, np.int64))
+    held = gate.launch(device)
+    inc = device.launch(slow_increment, grid=(1,), block=(1,), args=(buf,), after=[held])
+    address = buf.address
+    buf.free()
+    return gate, inc, address

@@ -12,7 +12,7 @@ import aiogpu
 from aiogpu import queues as Q
 from aiogpu.hsa_bindings import atomics
 from aiogpu.hsa_bindings import types as T
-from gpu_kernels import Gate, sleep_ms, slow_increment
+from gpu_kernels import freed_while_in_use, sleep_ms, slow_increment
 
 
 @pytest.mark.asyncio
@@ -117,14 +117,7 @@ def test_header_before_body_writer_is_caught_by_the_eager_processor(make_runtime
 @pytest.mark.asyncio
 async def test_freed_buffer_stays_mapped_until_the_device_is_done(rt):
     d0 = rt.devices[0]
-    gate = Gate()
-    buf = d0.alloc(8)
-    await aiogpu.copy(buf, np.zeros(1, np.int64))
-    held = gate.launch(d0)
-    inc = d0.launch(slow_increment, grid=(1,), block=(1,), args=(buf,), after=[held])
-    address = buf.address
-    buf.free()
-    del buf
+    gate, inc, address = await freed_while_in_use(d0)
     import gc
     gc.collect()
     assert d0.memory.small.used >= 1, "memory returned while a pending kernel uses it"

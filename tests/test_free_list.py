@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
-import aiogpu
 from aiogpu.memory import BLOCK, CACHE_BYTES, CACHE_MIN, SMALL_LIMIT, BuddyAllocator
-from gpu_kernels import Gate, slow_increment
+from gpu_kernels import freed_while_in_use
 
 
 def _buddy():
@@ -104,14 +102,7 @@ def test_bad_sizes_raise_before_anything(rt, bad):
 @pytest.mark.asyncio
 async def test_a_piece_freed_while_a_kernel_uses_it_is_not_reused_before(rt):
     d0 = rt.devices[0]
-    gate = Gate()
-    buf = d0.alloc(8)
-    await aiogpu.copy(buf, np.zeros(1, np.int64))
-    held = gate.launch(d0)
-    inc = d0.launch(slow_increment, grid=(1,), block=(1,), args=(buf,), after=[held])
-    address = buf.address
-    buf.free()
-    del buf
+    gate, inc, address = await freed_while_in_use(d0)
     others = [d0.alloc(8) for _ in range(4)]   # none may get the busy piece
     assert address not in {o.address for o in others}
     gate.open()
