@@ -95,11 +95,14 @@ class Lane:
                  "spin", "rate", "sh", "wordp")
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
-        self.device, self.name, self.kind = device, name, kind
         device.make_current()
-        self.stream = D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority),
-                              f"cuStreamCreate({name})")
-        self.sh = int(self.stream)
+        self._attach(device, name, kind, D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority),
+                                                 f"cuStreamCreate({name})"))
+
+    def _attach(self, device: Any, name: str, kind: str, stream: Any) -> None:
+        self.device, self.name, self.kind = device, name, kind
+        self.stream = stream
+        self.sh = int(stream)
         self.ticket = 0          # operations submitted so far
         self.armed = 0           # a host-function wake-up is queued after this ticket
         self.pending: deque = deque()
@@ -133,7 +136,7 @@ class Lane:
         return f"<Lane {self.name} ticket={self.ticket} pending={len(self.pending)}>"
 
 
-class ForeignLane:
+class ForeignLane(Lane):
     """Another library's CUDA stream (torch, CuPy, a raw handle) as a lane of ``device``.
 
     A future for it (``aiogpu.stream_future``) is one write of the lane's completion word queued
@@ -147,32 +150,13 @@ class ForeignLane:
     A lane is kept per stream handle for the runtime's life; a stream destroyed while futures of
     it are pending is not supported (its handle may be reused by a new stream)."""
 
-    __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
-                 "spin", "rate", "arm_stream", "sh", "wordp")
+    __slots__ = ("arm_stream",)
 
     def __init__(self, device: Any, handle: int):
-        self.device, self.kind = device, "foreign"
-        self.name = f"{device.name}.stream{handle:#x}"
-        self.stream = cu.CUstream(handle)
-        self.sh, self.wordp = int(handle), 0
-        self.ticket = 0
-        self.armed = 0
-        self.pending: deque = deque()
-        self.spin = device.runtime.hub.spin_s
-        self.rate: float | None = None
-        self.word = self.dptr = None
-        if device.words is not None:         # as a Lane's: written after each future's point
-            host, self.dptr = device.words.slot()
-            self.word = ctypes.c_uint64.from_address(host)
-            self.wordp = int(self.dptr)
+        # Its stream is the library's; the completion word, as a Lane's, is written after each
+        # future's point.
+        self._attach(device, f"{device.name}.stream{handle:#x}", "foreign", cu.CUstream(handle))
         self.arm_stream: Any = None
-
-    @property
-    def handle(self) -> int:
-        return int(self.stream)
-
-    def done_upto(self) -> int:
-        return self.word.value if self.word is not None else 0
 
     def arm(self, fn: int, data: int) -> int:
         newest = self.pending[-1] if self.pending else None
