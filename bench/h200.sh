@@ -2,7 +2,7 @@
 # One device call on the H200: versions, the public-API and conformance tests on CUDA, the service
 # benchmark, the CUDA microbenchmarks.
 # Run from the repository root on the device machine with the carried wheels in .whl/ (see
-# /work/.library/device/README.md): results and logs go to $OUT (default ./out).
+# the device tool's README): results and logs go to $OUT (default ./out).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
