@@ -70,6 +70,21 @@ def _torch_with_cuda() -> bool:
 TORCH_CUDA = _torch_with_cuda()
 
 
+def _cupy_with_cuda() -> bool:
+    if not CUDA_OK:
+        return False
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - not installed, or without a usable driver
+        return False
+
+
+CUPY_CUDA = _cupy_with_cuda()
+needs_torch = pytest.mark.skipif(not TORCH_CUDA, reason=f"needs the CUDA backend and a CUDA build of torch ({CUDA_WHY})")
+needs_cupy = pytest.mark.skipif(not CUPY_CUDA, reason=f"needs the CUDA backend and CuPy with a GPU ({CUDA_WHY})")
+
+
 def wait_for_baseline(rt: aiogpu.Runtime, timeout: float = 5.0) -> dict:
     """The runtime's stats once nothing is pending (or ``timeout`` passed)."""
     rt.leaks(timeout, buffers=False)

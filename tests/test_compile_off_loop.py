@@ -332,11 +332,20 @@ def _write_many(directory, name, payload):
         assert compile_cache.put(name, payload)
 
 
-def test_comgr_code_objects_come_from_the_disk_cache(tmp_path, monkeypatch):
+def _comgr_missing() -> str | None:
+    """Why comgr cannot compile OpenCL C here, or None."""
     from aiogpu.hsa_bindings import comgr
     ok, why = comgr.available()
-    if not ok or comgr.opencl_header_dir() is None:
-        pytest.skip(f"needs libamd-comgr2 and clang's OpenCL headers ({why})")
+    return None if ok and comgr.opencl_header_dir() is not None else why or "no OpenCL headers"
+
+
+_COMGR_MISSING = _comgr_missing()
+
+
+@pytest.mark.skipif(_COMGR_MISSING is not None,
+                    reason=f"needs libamd-comgr2 and clang's OpenCL headers ({_COMGR_MISSING})")
+def test_comgr_code_objects_come_from_the_disk_cache(tmp_path, monkeypatch):
+    from aiogpu.hsa_bindings import comgr
     monkeypatch.setenv("AIOGPU_CACHE_DIR", str(tmp_path))
     src = "__kernel void cached_k(__global int* x) { x[get_global_id(0)] = %d; }" % os.getpid()
     first = comgr.compile_opencl(src, "gfx90a")

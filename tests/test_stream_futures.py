@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from backends import CUDA_OK, CUDA_WHY, TORCH_CUDA, _close_checked
+from backends import _close_checked, needs_cupy, needs_torch
 
 
 class FakeTorchStream:
@@ -58,7 +58,6 @@ def _touch(launch, x):
 
 
 # -- CUDA -------------------------------------------------------------------------------------------
-needs_torch = pytest.mark.skipif(not TORCH_CUDA, reason=f"needs the CUDA backend and a CUDA build of torch ({CUDA_WHY})")
 
 SLOW_FILL_CU = r"""
 extern "C" __global__ void slow_fill(float* y, float v, unsigned int n, unsigned long long ns) {
@@ -89,9 +88,7 @@ def plus_one(launch, y, x, n):
 
 @pytest.fixture
 def cuda_rt():
-    if not CUDA_OK:
-        pytest.skip(f"the CUDA backend is unavailable here: {CUDA_WHY}")
-    rt = aiogpu.Runtime("cuda")
+    rt = aiogpu.Runtime("cuda")    # (its tests are marked needs_torch / needs_cupy)
     yield rt
     _close_checked(rt)
 
@@ -252,9 +249,10 @@ async def test_stream_future_errors_on_cuda(cuda_rt):
         aiogpu.stream_future(torch.cuda.current_stream(), runtime=cuda_rt)
 
 
+@needs_cupy
 @pytest.mark.asyncio
 async def test_cupy_streams_and_events(cuda_rt):
-    cp = pytest.importorskip("cupy")
+    import cupy as cp
     d0 = cuda_rt.devices[0]
     with cp.cuda.Device(d0.index):
         s = cp.cuda.Stream(non_blocking=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from backends import CUDA_OK, CUDA_WHY, TORCH_CUDA, backend_runtime, _close_checked
+from backends import CUDA_GPUS, CUDA_OK, CUDA_WHY, _close_checked, backend_runtime, needs_cupy, needs_torch
 from gpu_kernels import saxpy, scale, slow_increment
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA_OK, reason=f"CUDA unavailable: {CUDA_WHY}")]
@@ -31,25 +31,10 @@ def sample(dtype, n):
     return (np.arange(n) % 2).astype(dtype) if dtype is np.bool_ else (np.arange(n) + 1).astype(dtype)
 
 
-def cupy_or_skip():
-    cp = pytest.importorskip("cupy")
-    try:
-        cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:          # noqa: BLE001 - CuPy without a usable driver
-        pytest.skip(f"CuPy cannot use the GPU: {exc}")
-    return cp
-
-
-def torch_or_skip():
-    if not TORCH_CUDA:
-        pytest.skip("needs torch with CUDA")
-    import torch
-    return torch
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@needs_cupy
 def test_cai_exports_the_views_dtype_and_shape(crt, dtype):
-    cp = cupy_or_skip()
+    import cupy as cp
     d = crt.devices[0]
     itemsize = np.dtype(dtype).itemsize
     buf = d.alloc(24 * itemsize)
@@ -68,8 +53,9 @@ def test_cai_exports_the_views_dtype_and_shape(crt, dtype):
 
 
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=lambda d: np.dtype(d).name)
+@needs_torch
 def test_dlpack_exports_the_views_dtype_and_shape(crt, dtype):
-    torch = torch_or_skip()
+    import torch
     d = crt.devices[0]
     itemsize = np.dtype(dtype).itemsize
     buf = d.alloc(32 * itemsize)
@@ -82,8 +68,9 @@ def test_dlpack_exports_the_views_dtype_and_shape(crt, dtype):
     np.testing.assert_array_equal(t.cpu().numpy(), host[8:24].reshape(2, 8))
 
 
+@needs_torch
 def test_dlpack_keeps_the_allocation_until_the_consumer_lets_go(crt):
-    torch = torch_or_skip()
+    import torch
     import gc
     buf = crt.devices[0].alloc(64)
     assert aiogpu.copy(buf.view(np.float32), np.ones(16, np.float32)).wait(20)
@@ -98,8 +85,9 @@ def test_dlpack_keeps_the_allocation_until_the_consumer_lets_go(crt):
 
 
 @pytest.mark.asyncio
+@needs_torch
 async def test_torch_tensors_as_launch_arguments(crt):
-    torch = torch_or_skip()
+    import torch
     d = crt.devices[0]
     n = 4096
     x = torch.arange(n, dtype=torch.float32, device="cuda:0")   # queued on torch's stream
@@ -116,8 +104,9 @@ async def test_torch_tensors_as_launch_arguments(crt):
 
 
 @pytest.mark.asyncio
+@needs_torch
 async def test_launches_on_one_torch_tensor_are_ordered(crt):
-    torch = torch_or_skip()
+    import torch
     d = crt.devices[0]
     counter = torch.zeros(4, dtype=torch.int64, device="cuda:0")
     view = counter[0:1]                      # another tensor over the same bytes
@@ -128,8 +117,9 @@ async def test_launches_on_one_torch_tensor_are_ordered(crt):
 
 
 @pytest.mark.asyncio
+@needs_cupy
 async def test_cupy_arrays_as_launch_arguments_wait_for_their_stream(crt):
-    cp = cupy_or_skip()
+    import cupy as cp
     d = crt.devices[0]
     n = 1 << 20
     with cp.cuda.Stream(non_blocking=True) as s:
@@ -142,8 +132,9 @@ async def test_cupy_arrays_as_launch_arguments_wait_for_their_stream(crt):
     assert float(y.sum()) == 10.0 * n
 
 
+@needs_torch
 def test_foreign_arguments_are_checked_before_submission(crt):
-    torch = torch_or_skip()
+    import torch
     d = crt.devices[0]
     y = torch.ones(16, dtype=torch.float32, device="cuda:0")
     with pytest.raises(ValueError, match="contiguous"):
@@ -166,10 +157,10 @@ def test_foreign_arguments_are_checked_before_submission(crt):
     assert crt.stats()["pending"] == 0
 
 
+@needs_torch
+@pytest.mark.skipif(CUDA_GPUS < 2, reason=f"needs two NVIDIA GPUs; {CUDA_GPUS} here")
 def test_foreign_argument_on_another_device_is_refused(crt):
-    torch = torch_or_skip()
-    if len(crt.devices) < 2 or torch.cuda.device_count() < 2:
-        pytest.skip("needs two GPUs")
+    import torch
     y = torch.ones(16, dtype=torch.float32, device="cuda:1")
     with pytest.raises(ValueError, match="gpu1"):
         crt.devices[0].launch(scale, grid=(16,), block=(16,), args=(y, 2.0, 16))
