@@ -13,8 +13,10 @@ waiter thread never raises.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import sys
+import threading
 import weakref
 from typing import Any, Callable, Generator
 
@@ -38,19 +40,94 @@ class Callback:
 
 
 class AsyncioPort:
-    """An asyncio (or uvloop) event loop. Awaiters are asyncio futures of that loop."""
+    """An asyncio (or uvloop) event loop. Awaiters are asyncio futures of that loop.
+
+    Posts from any thread go into one queue per loop; the loop drains it ``WAKE_SLICE`` items
+    per iteration (one ``call_soon_threadsafe`` while a drain is scheduled, however many posts
+    arrive), so the number of tasks woken in one iteration is bounded whether their
+    completions came in one batch or in a hundred."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = weakref.ref(loop)
+        self._queue: collections.deque = collections.deque()
+        self._lock = threading.Lock()     # guards the queue's hand-over with ``_scheduled``
+        self._scheduled = False           # a drain is queued on the loop
+        self._admitted = 0                # ready results taken without waiting, this iteration
+        self._counting = False            # ``_new_iteration`` is queued on the loop
 
     def post(self, awaiters: Batch) -> None:
         loop = self._loop()
         if loop is None or loop.is_closed():
             return
+        with self._lock:
+            self._queue.extend(awaiters)
+            if self._scheduled:
+                return
+            self._scheduled = True
         try:
-            loop.call_soon_threadsafe(_wake_asyncio, awaiters)
-        except RuntimeError:  # closed between the check and the call
-            pass
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # closed between the check and the call: nothing will run
+            with self._lock:
+                self._queue.clear()
+                self._scheduled = False
+
+    def _drain(self) -> None:
+        """On the loop: wake the next slice; the rest waits for the next iteration."""
+        queue = self._queue
+        with self._lock:
+            batch = [queue.popleft() for _ in range(min(WAKE_SLICE, len(queue)))]
+            more = self._scheduled = bool(queue)
+        if more:
+            asyncio.get_running_loop().call_soon(self._drain)
+        for i, item in enumerate(batch):
+            if type(item) is Callback:
+                try:
+                    item.run()
+                except (SystemExit, KeyboardInterrupt):
+                    self._requeue(batch[i + 1:])
+                    raise
+                except BaseException as exc:
+                    asyncio.get_running_loop().call_exception_handler(
+                        {"message": f"Exception in GPUFuture done-callback {item.fn!r}",
+                         "exception": exc, "future": item.arg})
+            elif not item.done():
+                item.set_result(None)
+
+    def admit(self) -> bool:
+        """On the loop, for an await whose result is ready: True to go on now, False to wait
+        for a slot (``take_turn``). At most ``WAKE_SLICE`` such awaits go on per iteration,
+        and none overtakes the tasks already queued to be woken: a burst of requests whose GPU
+        work finished before they awaited it spreads over iterations, as woken ones do."""
+        if self._queue or self._admitted >= WAKE_SLICE:
+            return False
+        if not self._counting:            # the count is per iteration: reset at the next one
+            self._counting = True
+            asyncio.get_running_loop().call_soon(self._new_iteration)
+        self._admitted += 1
+        return True
+
+    def _new_iteration(self) -> None:
+        self._admitted, self._counting = 0, False
+
+    def take_turn(self) -> Generator:
+        """Wait, in line with the queued wake-ups, until a later iteration has a slot."""
+        loop: Any = self._loop()
+        fut = loop.create_future()
+        self.post([fut])
+        try:
+            yield from fut.__await__()
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    def _requeue(self, rest: Batch) -> None:
+        """The items after a callback that raised KeyboardInterrupt: first in line again."""
+        with self._lock:
+            self._queue.extendleft(reversed(rest))
+            if self._scheduled or not self._queue:
+                return
+            self._scheduled = True
+        asyncio.get_running_loop().call_soon(self._drain)
 
     def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
         loop: Any = self._loop()
@@ -66,30 +143,11 @@ class AsyncioPort:
             unregister(fut)
 
 
-# Tasks (and done-callbacks) woken per loop iteration. A woken task runs in the next iteration
-# and may do a request's whole host-side work there: waking hundreds at once would make one long
-# iteration in which no timer fires and no socket is read (the loop's lag is the iteration's
-# length). The rest of a larger batch is woken in the following iterations, in order.
+# Tasks (and done-callbacks) woken per loop iteration, over all completions. A woken task runs
+# in the next iteration and may do a request's whole host-side work there: waking hundreds at
+# once would make one long iteration in which no timer fires and no socket is read (the loop's
+# lag is the iteration's length). The rest is woken in the following iterations, in order.
 WAKE_SLICE = 8
-
-
-def _wake_asyncio(batch: Batch) -> None:
-    loop = asyncio.get_running_loop()
-    if len(batch) > WAKE_SLICE:
-        loop.call_soon(_wake_asyncio, batch[WAKE_SLICE:])
-        batch = batch[:WAKE_SLICE]
-    for i, item in enumerate(batch):
-        if type(item) is Callback:
-            try:
-                item.run()
-            except (SystemExit, KeyboardInterrupt):
-                loop.call_soon(_wake_asyncio, batch[i + 1:])
-                raise
-            except BaseException as exc:
-                loop.call_exception_handler({"message": f"Exception in GPUFuture done-callback {item.fn!r}",
-                                             "exception": exc, "future": item.arg})
-        elif not item.done():
-            item.set_result(None)
 
 
 class TrioPort:
@@ -142,12 +200,20 @@ def _wake_trio(batch: Batch) -> None:
 
 
 def checkpoint() -> Generator:
-    """A trio checkpoint (a cancellation point and a schedule point), for awaits that would
-    otherwise complete without yielding; nothing on asyncio (asyncio has no such rule)."""
+    """The schedule point of an await whose result is ready. On trio a checkpoint (a
+    cancellation point and a schedule point: trio's rule for library calls). On asyncio
+    nothing (asyncio has no such rule), unless this loop iteration has already let
+    ``WAKE_SLICE`` aiogpu awaits go on: then a wait for a slot in a later one."""
     if _in_trio() is not None:
         import trio
 
         yield from trio.lowlevel.checkpoint().__await__()
+        return
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        port = _asyncio_port(loop)
+        if not port.admit():
+            yield from port.take_turn()
 
 
 _asyncio_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioPort]" = weakref.WeakKeyDictionary()
@@ -179,7 +245,6 @@ _last_port: AsyncioPort | None = None
 
 def current_port() -> AsyncioPort | TrioPort | None:
     """The port of the running event loop, or None in plain synchronous code."""
-    global _last_port
     token = _in_trio()
     if token is not None:
         port = _trio_ports.get(token)
@@ -191,6 +256,11 @@ def current_port() -> AsyncioPort | TrioPort | None:
     loop = asyncio._get_running_loop()
     if loop is None:
         return None
+    return _asyncio_port(loop)
+
+
+def _asyncio_port(loop: asyncio.AbstractEventLoop) -> AsyncioPort:
+    global _last_port
     last = _last_port
     if last is not None and last._loop() is loop:     # (a weak reference: no loop kept alive)
         return last

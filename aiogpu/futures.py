@@ -251,10 +251,11 @@ class GPUFuture(_FutureProtocol):
 
         Under trio every await is a checkpoint, also of a future that is already done (trio's
         rule for library calls: a cancellation point and a schedule point). Under asyncio a
-        done future returns at once, as an asyncio future does."""
+        done future returns at once, as an asyncio future does, unless many awaits have gone
+        on in this loop iteration already (``_loops.checkpoint``: the loop's iterations stay
+        short when a burst of requests finds its GPU work done)."""
         if self._state != PENDING:
-            if _loops._in_trio() is not None:
-                yield from _loops.checkpoint()
+            yield from _loops.checkpoint()
         else:
             port = _loops.current_port()
             if port is None:
@@ -267,7 +268,13 @@ class GPUFuture(_FutureProtocol):
                 # in flight parks them all (the waiter wakes each loop once per batch), so the
                 # loop never busy-polls while other tasks wait for the GPU too.
                 if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
-                    if (yield from hub.spin_await(self)):
+                    seen = yield from hub.spin_await(self)
+                    if seen or self._state != PENDING:
+                        # Ready without a wake-up: it takes a slot of this loop iteration, as
+                        # an await of a done future does (``_loops.checkpoint``).
+                        if not port.admit():
+                            yield from port.take_turn()
+                    if seen:
                         # The device completed it (read without the lock): the waiter settles
                         # and retires it at its next scan, off this loop.
                         return self.value

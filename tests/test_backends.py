@@ -109,6 +109,35 @@ async def test_many_concurrent_awaits(any_rt):
     await asyncio.gather(*(one(i) for i in range(n)))
 
 
+@pytest.mark.asyncio
+async def test_requests_whose_work_is_done_go_on_a_slice_per_loop_iteration(any_rt):
+    """64 tasks each awaiting its own launch, all finished on the device before they await
+    (as in a service whose small kernels complete during the submission): at most
+    ``WAKE_SLICE`` go on per loop iteration, whether the waiter settled their futures already
+    or the await finds the device done first; none is lost."""
+    from aiogpu import _loops
+    dev, loop = any_rt.devices[0], asyncio.get_running_loop()
+    futs = [dev.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)) for _ in range(64)]
+    await asyncio.to_thread(futs[-1].wait, 30)
+    ticks, seen, stop = [0], [], []
+
+    def tick() -> None:
+        ticks[0] += 1
+        if not stop:
+            loop.call_soon(tick)
+
+    async def one(f):
+        await f
+        seen.append(ticks[0])
+
+    tasks = [asyncio.ensure_future(one(f)) for f in futs]
+    loop.call_soon(tick)
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    stop.append(1)
+    assert len(seen) == 64
+    assert max(seen.count(t) for t in set(seen)) <= _loops.WAKE_SLICE
+
+
 # -- copies --------------------------------------------------------------------------------------
 @pytest.mark.asyncio
 @pytest.mark.parametrize("nbytes", [4, 4096, 100_000, 8 << 20])

@@ -90,6 +90,76 @@ async def test_a_large_batch_is_woken_in_slices_with_the_loop_running_between(mo
     assert seen == sorted(seen)                      # in order: no task woken twice or skipped
 
 
+@pytest.mark.asyncio
+async def test_completions_posted_separately_are_still_woken_in_slices(monkeypatch):
+    """The slice bounds the wake-ups of one loop iteration, not of one post: 64 futures
+    completed one at a time (64 posts before the loop runs again, as a waiter thread that wakes
+    per completion makes them) still wake at most WAKE_SLICE tasks per iteration, in order."""
+    from aiogpu import _loops
+    monkeypatch.setattr(_loops, "WAKE_SLICE", 8)
+    hub, loop = ManualHub(), asyncio.get_running_loop()
+    futs = [hub.new(k) for k in range(1, 65)]
+    ticks, seen = [0], []
+
+    def tick() -> None:
+        ticks[0] += 1
+        if not done.is_set():
+            loop.call_soon(tick)
+
+    async def task(i: int) -> None:
+        await futs[i]
+        seen.append((ticks[0], i))
+
+    done = asyncio.Event()
+    tasks = [asyncio.ensure_future(task(i)) for i in range(64)]
+    await asyncio.sleep(0)
+    loop.call_soon(tick)
+    for f in futs:                                   # 64 separate posts, the loop blocked meanwhile
+        hub.complete(f)
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    done.set()
+    at = [t for t, _ in seen]
+    assert max(at.count(t) for t in set(at)) <= 8
+    assert [i for _, i in seen] == list(range(64))   # in completion order
+
+
+@pytest.mark.asyncio
+async def test_awaits_of_done_futures_take_slots_of_the_iteration_too(monkeypatch):
+    """A burst of tasks whose GPU work finished before they awaited it (no wake-up needed)
+    still goes on at most WAKE_SLICE per iteration: otherwise one iteration runs every
+    request's host work and the loop's timers and sockets wait for all of it. Nothing is
+    lost or reordered, and a done future awaited alone still returns without yielding."""
+    from aiogpu import _loops
+    monkeypatch.setattr(_loops, "WAKE_SLICE", 8)
+    hub, loop = ManualHub(), asyncio.get_running_loop()
+    futs = [hub.new(k) for k in range(1, 65)]
+    hub.complete(*futs)
+    ticks, seen = [0], []
+
+    def tick() -> None:
+        ticks[0] += 1
+        if not done.is_set():
+            loop.call_soon(tick)
+
+    async def task(i: int) -> None:
+        await futs[i]
+        seen.append((ticks[0], i))
+
+    done = asyncio.Event()
+    await asyncio.sleep(0)                           # a fresh iteration: no slot taken yet
+    lone = _await(futs[0]).__await__()
+    with pytest.raises(StopIteration):               # done, the first of its iteration: no yield
+        lone.send(None)
+    tasks = [asyncio.ensure_future(task(i)) for i in range(64)]
+    loop.call_soon(tick)
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    done.set()
+    at = [t for t, _ in seen]
+    assert max(at.count(t) for t in set(at)) <= 8
+    assert len(set(at)) >= 8
+    assert sorted(i for _, i in seen) == list(range(64))
+
+
 def test_a_raising_callback_stops_no_other_wakeup_on_trio(caplog):
     hub = ManualHub()
     first, second = hub.new(1), hub.new(2)
