@@ -17,6 +17,7 @@ import collections
 import logging
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Callable, Generator
 
@@ -42,18 +43,26 @@ class Callback:
 class AsyncioPort:
     """An asyncio (or uvloop) event loop. Awaiters are asyncio futures of that loop.
 
-    Posts from any thread go into one queue per loop; the loop drains it ``WAKE_SLICE`` items
-    per iteration (one ``call_soon_threadsafe`` while a drain is scheduled, however many posts
-    arrive), so the number of tasks woken in one iteration is bounded whether their
-    completions came in one batch or in a hundred."""
+    Posts from any thread go into one queue per loop, drained on the loop (one
+    ``call_soon_threadsafe`` while a drain is scheduled, however many posts arrive). Every
+    aiogpu await that goes on in an iteration of the loop takes one of its ``slice`` *slots*:
+    a task woken from the queue and an await whose result was ready alike; the rest wait, in
+    order, for the next iteration. The slots are ``TURN_BUDGET_S`` over the measured loop
+    time per slot taken (between ``SLICE_MIN`` and ``SLICE_MAX``). A service whose requests each do a few hundred microseconds of host work
+    (on resuming, and on arriving, which the slots hold back in turn) so keeps its loop's
+    iterations, and its timers' lateness, near the budget, while cheap awaits are not slowed
+    down by extra iterations."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = weakref.ref(loop)
         self._queue: collections.deque = collections.deque()
         self._lock = threading.Lock()     # guards the queue's hand-over with ``_scheduled``
         self._scheduled = False           # a drain is queued on the loop
-        self._admitted = 0                # ready results taken without waiting, this iteration
-        self._counting = False            # ``_new_iteration`` is queued on the loop
+        self.slice = WAKE_SLICE           # slots per iteration (adapted)
+        self._used = 0                    # slots taken in this iteration
+        self._marked = False              # ``_new_iteration`` is queued on the loop
+        self._mark = 0.0                  # when it last ran, if in the previous iteration
+        self._cost = 0.0                  # loop seconds per slot taken (a moving average)
 
     def post(self, awaiters: Batch) -> None:
         loop = self._loop()
@@ -72,13 +81,15 @@ class AsyncioPort:
                 self._scheduled = False
 
     def _drain(self) -> None:
-        """On the loop: wake the next slice; the rest waits for the next iteration."""
+        """On the loop: wake as many as the next iteration has slots for."""
         queue = self._queue
         with self._lock:
-            batch = [queue.popleft() for _ in range(min(WAKE_SLICE, len(queue)))]
+            batch = [queue.popleft() for _ in range(min(self.slice, len(queue)))]
             more = self._scheduled = bool(queue)
+        loop = asyncio.get_running_loop()
+        self._count(loop)
         if more:
-            asyncio.get_running_loop().call_soon(self._drain)
+            loop.call_soon(self._drain)
         for i, item in enumerate(batch):
             if type(item) is Callback:
                 try:
@@ -87,38 +98,70 @@ class AsyncioPort:
                     self._requeue(batch[i + 1:])
                     raise
                 except BaseException as exc:
-                    asyncio.get_running_loop().call_exception_handler(
+                    loop.call_exception_handler(
                         {"message": f"Exception in GPUFuture done-callback {item.fn!r}",
                          "exception": exc, "future": item.arg})
             elif not item.done():
                 item.set_result(None)
 
-    def admit(self) -> bool:
-        """On the loop, for an await whose result is ready: True to go on now, False to wait
-        for a slot (``take_turn``). At most ``WAKE_SLICE`` such awaits go on per iteration,
-        and none overtakes the tasks already queued to be woken: a burst of requests whose GPU
-        work finished before they awaited it spreads over iterations, as woken ones do."""
-        if self._queue or self._admitted >= WAKE_SLICE:
+    def admit(self, woken: bool = False) -> bool:
+        """On the loop: may an await go on in this iteration (a slot taken)? ``woken``: its
+        task was woken from the queue (else its result was ready, and it must not overtake
+        the tasks queued)."""
+        if (self._queue and not woken) or self._used >= self.slice:
             return False
-        if not self._counting:            # the count is per iteration: reset at the next one
-            self._counting = True
-            asyncio.get_running_loop().call_soon(self._new_iteration)
-        self._admitted += 1
+        self._count(asyncio.get_running_loop())
+        self._used += 1
         return True
 
-    def _new_iteration(self) -> None:
-        self._admitted, self._counting = 0, False
+    def _count(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The port is busy in this iteration: ``_new_iteration`` runs early in the next."""
+        if not self._marked:
+            self._marked = True
+            loop.call_soon(self._new_iteration)
 
-    def take_turn(self) -> Generator:
-        """Wait, in line with the queued wake-ups, until a later iteration has a slot."""
+    def _new_iteration(self) -> None:
+        """Early in each iteration while the port is busy (queued before the tasks a drain
+        woke in the last one): fresh slots. Their number is the budget over the loop time
+        per slot taken, averaged over the last iterations (an iteration's length over the
+        slots it used: what the resumed tasks cost, and the work they bring in, such as the
+        next requests of the clients they answered)."""
+        now = time.perf_counter()
+        if self._mark and self._used:
+            per = (now - self._mark) / self._used
+            self._cost = per if not self._cost else self._cost + (per - self._cost) * COST_WEIGHT
+            self.slice = min(SLICE_MAX, max(SLICE_MIN, int(TURN_BUDGET_S / self._cost)))
+        busy = self._used or self._queue
+        self._used = 0
+        if busy:                           # measure the next iteration too
+            self._mark = now
+            asyncio.get_running_loop().call_soon(self._new_iteration)
+        else:
+            self._mark, self._marked = 0.0, False
+
+    def take_turn(self, first: bool = False) -> Generator:
+        """Wait in the queue until admitted in a later iteration (``first``: at its front,
+        for a woken task that was not admitted)."""
         loop: Any = self._loop()
-        fut = loop.create_future()
-        self.post([fut])
-        try:
-            yield from fut.__await__()
-        finally:
-            if not fut.done():
-                fut.cancel()
+        while True:
+            fut = loop.create_future()
+            with self._lock:
+                if first:
+                    self._queue.appendleft(fut)
+                else:
+                    self._queue.append(fut)
+                schedule = not self._scheduled
+                self._scheduled = True
+            if schedule:                   # (on the loop's thread: no thread-safe call needed)
+                loop.call_soon(self._drain)
+            try:
+                yield from fut.__await__()
+            finally:
+                if not fut.done():
+                    fut.cancel()
+            if self.admit(woken=True):
+                return
+            first = True
 
     def _requeue(self, rest: Batch) -> None:
         """The items after a callback that raised KeyboardInterrupt: first in line again."""
@@ -130,6 +173,7 @@ class AsyncioPort:
         asyncio.get_running_loop().call_soon(self._drain)
 
     def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
+        """Park until a completion is posted (the caller then asks ``admit(woken=True)``)."""
         loop: Any = self._loop()
         fut = loop.create_future()
         register(fut)
@@ -143,11 +187,13 @@ class AsyncioPort:
             unregister(fut)
 
 
-# Tasks (and done-callbacks) woken per loop iteration, over all completions. A woken task runs
-# in the next iteration and may do a request's whole host-side work there: waking hundreds at
-# once would make one long iteration in which no timer fires and no socket is read (the loop's
-# lag is the iteration's length). The rest is woken in the following iterations, in order.
-WAKE_SLICE = 8
+# Slots per loop iteration (see AsyncioPort): a woken task runs in the next iteration and may do
+# a request's whole host-side work there; waking hundreds at once would make one long iteration
+# in which no timer fires and no socket is read (the loop's lag is the iteration's length).
+TURN_BUDGET_S = 0.002          # the iteration length the slots aim at
+SLICE_MIN, SLICE_MAX = 2, 256
+WAKE_SLICE = 8                 # slots at first
+COST_WEIGHT = 0.25             # of the last iteration in the moving average of the cost per slot
 
 
 class TrioPort:

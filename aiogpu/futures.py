@@ -256,36 +256,39 @@ class GPUFuture(_FutureProtocol):
         short when a burst of requests finds its GPU work done)."""
         if self._state != PENDING:
             yield from _loops.checkpoint()
-        else:
-            port = _loops.current_port()
-            if port is None:
-                raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
-                                   "use .wait() in synchronous code")
-            hub = self._hub
-            hub.awaiting += 1
-            try:
-                # Spin only while this is the one future awaited: a service with many requests
-                # in flight parks them all (the waiter wakes each loop once per batch), so the
-                # loop never busy-polls while other tasks wait for the GPU too.
-                if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
-                    seen = yield from hub.spin_await(self)
-                    if seen or self._state != PENDING:
-                        # Ready without a wake-up: it takes a slot of this loop iteration, as
-                        # an await of a done future does (``_loops.checkpoint``).
-                        if not port.admit():
-                            yield from port.take_turn()
-                    if seen:
-                        # The device completed it (read without the lock): the waiter settles
-                        # and retires it at its next scan, off this loop.
-                        return self.value
-                if self._state == PENDING:
-                    hub.arm(self)
-                    yield from port.wait(lambda a: self._register(port, a),
-                                         lambda a: self._unregister(port, a))
-                    hub.parked_done(self)
-            finally:
-                hub.awaiting -= 1
-        return self.result()
+            return self.result()
+        port = _loops.current_port()
+        if port is None:
+            raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
+                               "use .wait() in synchronous code")
+        hub = self._hub
+        seen = ready = parked = False
+        hub.awaiting += 1
+        try:
+            # Spin only while this is the one future awaited: a service with many requests
+            # in flight parks them all (the waiter wakes each loop once per batch), so the
+            # loop never busy-polls while other tasks wait for the GPU too.
+            if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
+                # True: the device completed it (read without the lock); the waiter settles
+                # and retires it at its next scan, off this loop.
+                seen = yield from hub.spin_await(self)
+                ready = seen or self._state != PENDING
+            if not ready and self._state == PENDING:
+                hub.arm(self)
+                yield from port.wait(lambda a: self._register(port, a),
+                                     lambda a: self._unregister(port, a))
+                hub.parked_done(self)
+                parked = True
+        finally:
+            hub.awaiting -= 1
+        # On asyncio the task goes on only once admitted in this loop iteration (see
+        # _loops.AsyncioPort): woken from the port's queue, or with its result ready, as an
+        # await of a done future (_loops.checkpoint).
+        if ready:
+            yield from _loops.checkpoint()
+        elif parked and isinstance(port, _loops.AsyncioPort) and not port.admit(woken=True):
+            yield from port.take_turn(first=True)
+        return self.value if seen else self.result()
 
     def add_dependent(self, fut: "GPUFuture") -> None:
         """``fut`` fails when this future fails (call under the lock)."""

@@ -312,6 +312,8 @@ def run_one(mode: str, work: str, args: argparse.Namespace) -> dict:
         common += ["--switch-interval", str(args.switch_interval)]
     if args.wake_slice:
         common += ["--wake-slice", str(args.wake_slice)]
+    if args.turn_budget_ms:
+        common += ["--turn-budget-ms", str(args.turn_budget_ms)]
     if args.gc:
         common += ["--gc", args.gc]
     server = subprocess.Popen([sys.executable, me, "--serve", mode, work, "--loop", args.loop, *common],
@@ -375,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gc", choices=("default", "freeze"), default=None,
                    help="freeze: gc.freeze() after start-up in the server (as services do)")
     p.add_argument("--wake-slice", type=int, default=None,
-                   help="aiogpu._loops.WAKE_SLICE in the server (an experiment knob)")
+                   help="fixed aiogpu awaits resumed per loop iteration in the server (an experiment knob)")
+    p.add_argument("--turn-budget-ms", type=float, default=None,
+                   help="aiogpu._loops.TURN_BUDGET_S in the server, in ms (an experiment knob)")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="profile each aiogpu server with pyinstrument; text reports go to DIR")
     p.add_argument("--serve", nargs=2, metavar=("MODE", "WORK"), help=argparse.SUPPRESS)
@@ -385,9 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         args.mode, args.work = args.serve
         if args.switch_interval:
             sys.setswitchinterval(args.switch_interval)
-        if args.wake_slice:
+        if args.wake_slice:              # fixed slots per loop iteration (no adapting)
             from aiogpu import _loops
-            _loops.WAKE_SLICE = args.wake_slice
+            _loops.WAKE_SLICE = _loops.SLICE_MIN = _loops.SLICE_MAX = args.wake_slice
+        if args.turn_budget_ms:
+            from aiogpu import _loops
+            _loops.TURN_BUDGET_S = args.turn_budget_ms / 1e3
         runner = asyncio.run
         if args.loop == "uvloop":
             import uvloop

@@ -110,12 +110,15 @@ async def test_many_concurrent_awaits(any_rt):
 
 
 @pytest.mark.asyncio
-async def test_requests_whose_work_is_done_go_on_a_slice_per_loop_iteration(any_rt):
+async def test_requests_whose_work_is_done_go_on_a_slice_per_loop_iteration(any_rt, monkeypatch):
     """64 tasks each awaiting its own launch, all finished on the device before they await
     (as in a service whose small kernels complete during the submission): at most
     ``WAKE_SLICE`` go on per loop iteration, whether the waiter settled their futures already
     or the await finds the device done first; none is lost."""
     from aiogpu import _loops
+    for name in ("WAKE_SLICE", "SLICE_MIN", "SLICE_MAX"):     # exactly 8 per iteration
+        monkeypatch.setattr(_loops, name, 8)
+    monkeypatch.setattr(_loops, "TURN_BUDGET_S", 0.0)
     dev, loop = any_rt.devices[0], asyncio.get_running_loop()
     futs = [dev.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)) for _ in range(64)]
     await asyncio.to_thread(futs[-1].wait, 30)
@@ -135,7 +138,7 @@ async def test_requests_whose_work_is_done_go_on_a_slice_per_loop_iteration(any_
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
     stop.append(1)
     assert len(seen) == 64
-    assert max(seen.count(t) for t in set(seen)) <= _loops.WAKE_SLICE
+    assert max(seen.count(t) for t in set(seen)) <= 8
 
 
 # -- copies --------------------------------------------------------------------------------------

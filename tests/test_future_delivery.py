@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import types
 
 import pytest
@@ -40,6 +41,15 @@ async def _await(fut):
     await fut
 
 
+def fixed_slice(monkeypatch, n: int) -> None:
+    """Exactly ``n`` awaits admitted per loop iteration: woken ``n`` at a time, admission
+    closed after ``n`` (a zero time budget), no adapting."""
+    from aiogpu import _loops
+    for name in ("WAKE_SLICE", "SLICE_MIN", "SLICE_MAX"):
+        monkeypatch.setattr(_loops, name, n)
+    monkeypatch.setattr(_loops, "TURN_BUDGET_S", 0.0)
+
+
 @pytest.mark.asyncio
 async def test_a_raising_callback_stops_no_other_wakeup_on_asyncio():
     hub, loop = ManualHub(), asyncio.get_running_loop()
@@ -62,8 +72,7 @@ async def test_a_large_batch_is_woken_in_slices_with_the_loop_running_between(mo
     """64 tasks parked on one future are woken in slices of WAKE_SLICE per loop iteration: a
     callback that re-schedules itself every iteration (as timers and I/O get their turn) runs
     between the slices, so one completion never makes one long iteration of every task."""
-    from aiogpu import _loops
-    monkeypatch.setattr(_loops, "WAKE_SLICE", 8)
+    fixed_slice(monkeypatch, 8)
     hub, loop = ManualHub(), asyncio.get_running_loop()
     fut = hub.new(1)
     ticks, seen = [0], []
@@ -95,8 +104,7 @@ async def test_completions_posted_separately_are_still_woken_in_slices(monkeypat
     """The slice bounds the wake-ups of one loop iteration, not of one post: 64 futures
     completed one at a time (64 posts before the loop runs again, as a waiter thread that wakes
     per completion makes them) still wake at most WAKE_SLICE tasks per iteration, in order."""
-    from aiogpu import _loops
-    monkeypatch.setattr(_loops, "WAKE_SLICE", 8)
+    fixed_slice(monkeypatch, 8)
     hub, loop = ManualHub(), asyncio.get_running_loop()
     futs = [hub.new(k) for k in range(1, 65)]
     ticks, seen = [0], []
@@ -129,8 +137,7 @@ async def test_awaits_of_done_futures_take_slots_of_the_iteration_too(monkeypatc
     still goes on at most WAKE_SLICE per iteration: otherwise one iteration runs every
     request's host work and the loop's timers and sockets wait for all of it. Nothing is
     lost or reordered, and a done future awaited alone still returns without yielding."""
-    from aiogpu import _loops
-    monkeypatch.setattr(_loops, "WAKE_SLICE", 8)
+    fixed_slice(monkeypatch, 8)
     hub, loop = ManualHub(), asyncio.get_running_loop()
     futs = [hub.new(k) for k in range(1, 65)]
     hub.complete(*futs)
@@ -158,6 +165,58 @@ async def test_awaits_of_done_futures_take_slots_of_the_iteration_too(monkeypatc
     assert max(at.count(t) for t in set(at)) <= 8
     assert len(set(at)) >= 8
     assert sorted(i for _, i in seen) == list(range(64))
+
+
+async def _burst(hub, n: int, work_s: float) -> list[int]:
+    """``n`` tasks parked on one future, each doing ``work_s`` of blocking host work once
+    woken; the loop iteration each one resumed in (counted by a callback re-queued each
+    iteration)."""
+    loop = asyncio.get_running_loop()
+    fut = hub.new(1)
+    ticks, seen, stop = [0], [], []
+
+    def tick() -> None:
+        ticks[0] += 1
+        if not stop:
+            loop.call_soon(tick)
+
+    async def task() -> None:
+        await fut
+        seen.append(ticks[0])
+        if work_s:
+            time.sleep(work_s)
+
+    tasks = [asyncio.ensure_future(task()) for _ in range(n)]
+    await asyncio.sleep(0)
+    loop.call_soon(tick)
+    hub.complete(fut)
+    await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    stop.append(1)
+    return seen
+
+
+@pytest.mark.asyncio
+async def test_the_slots_shrink_while_iterations_run_long():
+    """Tasks that each do 1 ms of host work on waking: the slots per iteration halve until
+    iterations stay near the budget (2 ms): at the end at most SLICE_MIN wake per iteration."""
+    from aiogpu import _loops
+    seen = await _burst(ManualHub(), 48, 0.001)
+    port = _loops.current_port()
+    assert port.slice == _loops.SLICE_MIN
+    last = seen[-12:]
+    assert max(last.count(t) for t in set(last)) <= _loops.SLICE_MIN
+    assert max(seen.count(t) for t in set(seen)) <= _loops.WAKE_SLICE
+
+
+@pytest.mark.asyncio
+async def test_the_slots_grow_while_iterations_are_short():
+    """Tasks that do nothing on waking: iterations stay short, the slots double, and a burst
+    of 1,000 needs far fewer than 1,000 / WAKE_SLICE iterations."""
+    from aiogpu import _loops
+    seen = await _burst(ManualHub(), 1000, 0.0)
+    assert _loops.current_port().slice > _loops.WAKE_SLICE
+    assert len(set(seen)) < 1000 // _loops.WAKE_SLICE // 2
+    assert max(seen.count(t) for t in set(seen)) <= _loops.SLICE_MAX
 
 
 def test_a_raising_callback_stops_no_other_wakeup_on_trio(caplog):
