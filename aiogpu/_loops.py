@@ -190,7 +190,7 @@ class AsyncioPort:
 # Slots per loop iteration (see AsyncioPort): a woken task runs in the next iteration and may do
 # a request's whole host-side work there; waking hundreds at once would make one long iteration
 # in which no timer fires and no socket is read (the loop's lag is the iteration's length).
-TURN_BUDGET_S = 0.002          # the iteration length the slots aim at
+TURN_BUDGET_S = 0.001          # the iteration length the slots aim at (see bench/serve.py)
 SLICE_MIN, SLICE_MAX = 2, 256
 WAKE_SLICE = 8                 # slots at first
 COST_WEIGHT = 0.25             # of the last iteration in the moving average of the cost per slot

@@ -197,8 +197,9 @@ async def _burst(hub, n: int, work_s: float) -> list[int]:
 
 @pytest.mark.asyncio
 async def test_the_slots_shrink_while_iterations_run_long():
-    """Tasks that each do 1 ms of host work on waking: the slots per iteration halve until
-    iterations stay near the budget (2 ms): at the end at most SLICE_MIN wake per iteration."""
+    """Tasks that each do 1 ms of host work on waking: the slots per iteration fall to what
+    fits the budget (1 ms: SLICE_MIN, the least), and at the end at most that many wake per
+    iteration; the first iterations already stay within the initial slots."""
     from aiogpu import _loops
     seen = await _burst(ManualHub(), 48, 0.001)
     port = _loops.current_port()
@@ -210,7 +211,7 @@ async def test_the_slots_shrink_while_iterations_run_long():
 
 @pytest.mark.asyncio
 async def test_the_slots_grow_while_iterations_are_short():
-    """Tasks that do nothing on waking: iterations stay short, the slots double, and a burst
+    """Tasks that do nothing on waking: iterations stay short, the slots grow, and a burst
     of 1,000 needs far fewer than 1,000 / WAKE_SLICE iterations."""
     from aiogpu import _loops
     seen = await _burst(ManualHub(), 1000, 0.0)
