@@ -63,6 +63,7 @@ class AsyncioPort:
         self._marked = False              # ``_new_iteration`` is queued on the loop
         self._mark = 0.0                  # when it last ran, if in the previous iteration
         self._cost = 0.0                  # loop seconds per slot taken (a moving average)
+        self._floor = 0                   # slots the current backlog needs at least
 
     def post(self, awaiters: Batch) -> None:
         loop = self._loop()
@@ -122,15 +123,20 @@ class AsyncioPort:
 
     def _new_iteration(self) -> None:
         """Early in each iteration while the port is busy (queued before the tasks a drain
-        woke in the last one): fresh slots. Their number is the budget over the loop time
-        per slot taken, averaged over the last iterations (an iteration's length over the
-        slots it used: what the resumed tasks cost, and the work they bring in, such as the
-        next requests of the clients they answered)."""
+        woke in the last one): fresh slots. Their number is the budget over the loop time per
+        slot taken, averaged over the last iterations (an iteration's length over the slots
+        it used: what the resumed tasks cost, and the work they bring in, such as the next
+        requests of the clients they answered). Other work in the loop makes that cost look
+        higher; so that it never starves aiogpu's awaits, any backlog still gets through in
+        about ``BACKLOG_ITERATIONS`` iterations."""
         now = time.perf_counter()
         if self._mark and self._used:
             per = (now - self._mark) / self._used
             self._cost = per if not self._cost else self._cost + (per - self._cost) * COST_WEIGHT
-            self.slice = min(SLICE_MAX, max(SLICE_MIN, int(TURN_BUDGET_S / self._cost)))
+            fit = int(TURN_BUDGET_S / self._cost)
+            self.slice = min(SLICE_MAX, max(SLICE_MIN, fit, self._floor))
+        # (The floor holds while the backlog lasts: it drains at the pace it started with.)
+        self._floor = max(self._floor, len(self._queue) // BACKLOG_ITERATIONS) if self._queue else 0
         busy = self._used or self._queue
         self._used = 0
         if busy:                           # measure the next iteration too
@@ -194,6 +200,7 @@ TURN_BUDGET_S = 0.001          # the iteration length the slots aim at (see benc
 SLICE_MIN, SLICE_MAX = 2, 256
 WAKE_SLICE = 8                 # slots at first
 COST_WEIGHT = 0.25             # of the last iteration in the moving average of the cost per slot
+BACKLOG_ITERATIONS = 16        # a backlog of awaits gets through in about this many iterations
 
 
 class TrioPort:

@@ -220,6 +220,28 @@ async def test_the_slots_grow_while_iterations_are_short():
     assert max(seen.count(t) for t in set(seen)) <= _loops.SLICE_MAX
 
 
+@pytest.mark.asyncio
+async def test_other_work_in_the_loop_does_not_shrink_the_slots():
+    """A task doing 5 ms of host work each iteration (not aiogpu's) makes every iteration
+    long, and the cost per slot look high; a backlog of 400 cheap awaits still gets through
+    in about BACKLOG_ITERATIONS iterations, not held to SLICE_MIN per iteration (that would
+    take 200 iterations, a second here)."""
+    from aiogpu import _loops
+    busy = []
+
+    async def other() -> None:
+        while not busy:
+            time.sleep(0.005)
+            await asyncio.sleep(0)
+
+    hog = asyncio.ensure_future(other())
+    await asyncio.sleep(0)
+    seen = await _burst(ManualHub(), 400, 0.0)
+    busy.append(1)
+    await hog
+    assert len(set(seen)) < 2 * _loops.BACKLOG_ITERATIONS + 8
+
+
 def test_a_raising_callback_stops_no_other_wakeup_on_trio(caplog):
     hub = ManualHub()
     first, second = hub.new(1), hub.new(2)
