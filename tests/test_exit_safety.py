@@ -53,3 +53,60 @@ def test_exit_with_pending_work_and_live_buffers_prints_nothing(backend):
         assert "exiting" in run.stdout
         assert "Exception ignored" not in run.stderr, run.stderr[-3000:]
         assert "Traceback" not in run.stderr, run.stderr[-3000:]
+
+
+
+def test_registrations_and_graph_pins_stay_out_of_weakref_finalize(tmp_path):
+    """Cached host registrations (CUDA) and a graph's host pins (HSA) are tied to their owners
+    by plain weak references, never ``weakref.finalize``: its exit function iterates a
+    registry that the waiter thread changes while work retires during the exit (the failure
+    above)."""
+    script = textwrap.dedent("""
+        import weakref, numpy as np, aiogpu
+        rt = aiogpu.Runtime()
+        dev = rt.devices[0]
+        buf = dev.alloc(1 << 20)
+        before = len(weakref.finalize._registry)
+        arrays = [np.full(1 << 18, i, np.float32) for i in range(4)]   # 1 MiB: registered in place
+        for a in arrays:
+            aiogpu.copy(buf, a).wait(30)
+        print("registered", rt.host.registered_bytes > 0)
+        print("finalizers", len(weakref.finalize._registry) - before)
+        del arrays
+        print("released", rt.host.registered_bytes == 0)
+        rt.close()
+    """)
+    run = subprocess.run([sys.executable, "-c", script], env=_env("cuda"), capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "registered True" in run.stdout
+    assert "finalizers 0" in run.stdout, run.stdout
+    assert "released True" in run.stdout
+
+
+def test_a_graphs_host_pins_are_unlocked_when_it_dies_without_weakref_finalize():
+    """An executable graph copying from a host array keeps that array locked while it lives
+    (HSA), unlocks it when it dies, and adds nothing to weakref.finalize's registry."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import aiogpu
+
+    rt = aiogpu.Runtime("emulator", gpus=1)
+    try:
+        buf = rt.devices[0].alloc(1 << 16)
+        arr = np.ones(1 << 14, np.float32)
+        with aiogpu.Graph() as g:
+            aiogpu.copy(buf, arr)
+        before = len(weakref.finalize._registry)
+        exe = g.instantiate()
+        assert len(weakref.finalize._registry) == before
+        exe.launch().wait(30)
+        assert rt.host._regs, "the graph's host array is locked while it lives"
+        del exe, g
+        gc.collect()
+        assert not rt.host._regs, "unlocked when the graph died"
+    finally:
+        rt.close()

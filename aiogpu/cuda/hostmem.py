@@ -38,12 +38,15 @@ CACHE_BYTES = 4 << 30
 
 
 class _Run:
-    __slots__ = ("start", "end", "users", "finalizers", "dead")
+    __slots__ = ("start", "end", "users", "owners", "dead")
 
     def __init__(self, start: int, end: int):
         self.start, self.end = start, end
         self.users = 0
-        self.finalizers: list = []
+        # Weak references to the arrays whose memory this covers, each calling back when its
+        # array dies. Plain references, not weakref.finalize: finalize's exit function walks a
+        # global registry, which the waiter thread changes while work retires during the exit.
+        self.owners: list[weakref.ref] = []
         self.dead = False      # an owner died: unregister once idle
 
 
@@ -167,10 +170,10 @@ class HostMemory:
         self._own_object(run, owner)
 
     def _own_object(self, run: _Run, owner: Any) -> None:
-        if any(f.peek() and f.peek()[0] is owner for f in run.finalizers if f.alive):
+        if any(ref() is owner for ref in run.owners):
             return
         try:
-            run.finalizers.append(weakref.finalize(owner, self._owner_died, run))
+            run.owners.append(weakref.ref(owner, lambda _ref: self._owner_died(run)))
         except TypeError:            # not weakly referenceable: no caching for this run
             run.dead = True
 
@@ -200,12 +203,8 @@ class HostMemory:
         self._starts.remove(run.start)
         self._idle.pop(run.start, None)
         self.registered_bytes -= run.end - run.start
-        owners = []
-        for f in run.finalizers:
-            got = f.detach()
-            if got is not None:
-                owners.append(got[0])
-        run.finalizers = []
+        owners = [o for o in (ref() for ref in run.owners) if o is not None]
+        run.owners = []              # (their callbacks die with them: nothing calls back)
         self.rt.devices[0].make_current()
         cu.cuMemHostUnregister(run.start)
         return owners

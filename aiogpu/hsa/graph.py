@@ -74,7 +74,9 @@ class HsaGraphExec(GraphExec):
                         node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes, arr)
                         pins.append((addr, arr.nbytes))
         self._host_pins = pins
-        weakref.finalize(self, _unlock_all, rt, pins)
+        if pins:      # unlocked when the executable dies (a plain weak reference: see _PINNED)
+            ref = weakref.ref(self, lambda r: (_PINNED.discard(r), _unlock_all(rt, pins)))
+            _PINNED.add(ref)
 
     def _plan_lanes(self) -> None:
         """Each node gets a lane: a compute queue (launches, gathers, shader copies) or an SDMA
@@ -320,6 +322,12 @@ class _QueueRef:
 
     def __init__(self, device: Device, queue: Any):
         self.device, self.queue = device, queue
+
+
+# The weak references that unlock executables' host pins, kept alive here until they call
+# back. Not weakref.finalize: its exit function walks a global registry, which the waiter
+# thread changes while work retires during the interpreter's exit.
+_PINNED: set[weakref.ref] = set()
 
 
 def _unlock_all(rt: Any, pins: list) -> None:
