@@ -242,6 +242,30 @@ async def test_other_work_in_the_loop_does_not_shrink_the_slots():
     assert len(set(seen)) < 2 * _loops.BACKLOG_ITERATIONS + 8
 
 
+@pytest.mark.asyncio
+async def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going(monkeypatch):
+    """One slot per iteration: tasks awaiting done futures queue for slots; cancelling one
+    of them raises CancelledError in it alone, and every other task still goes on."""
+    fixed_slice(monkeypatch, 1)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 9)]
+    hub.complete(*futs)
+    await asyncio.sleep(0)
+    got = []
+
+    async def task(i: int) -> None:
+        await futs[i]
+        got.append(i)
+
+    tasks = [asyncio.ensure_future(task(i)) for i in range(8)]
+    await asyncio.sleep(0)                   # the first goes on, the rest wait for slots
+    tasks[5].cancel()
+    done, _ = await asyncio.wait(tasks, timeout=5)
+    assert len(done) == 8
+    assert tasks[5].cancelled()
+    assert sorted(got) == [0, 1, 2, 3, 4, 6, 7]
+
+
 def test_a_raising_callback_stops_no_other_wakeup_on_trio(caplog):
     hub = ManualHub()
     first, second = hub.new(1), hub.new(2)
