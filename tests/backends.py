@@ -3,6 +3,7 @@ the tests: the emulator always; CUDA where an NVIDIA GPU answers; two-GPU varian
 interop only where those are present)."""
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import subprocess
@@ -111,3 +112,20 @@ def _close_checked(rt) -> None:
     assert not (emulator and emulator.kernarg_mismatches), emulator.kernarg_mismatches
 
 
+class Ticks:
+    """Counts the running loop's iterations: a callback that queues itself again each one
+    (as timers and I/O get their turn in each)."""
+
+    def __init__(self) -> None:
+        self.n, self._stopped, self._loop = 0, False, asyncio.get_running_loop()
+
+    def start(self) -> None:
+        self._loop.call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    def _tick(self) -> None:
+        self.n += 1
+        if not self._stopped:
+            self._loop.call_soon(self._tick)

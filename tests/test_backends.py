@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from backends import TORCH_CUDA, _close_checked, backend_runtime
+from backends import TORCH_CUDA, Ticks, _close_checked, backend_runtime
 from gpu_kernels import add_const_n, add_into, fail_if, saxpy, scale, sleep_ms, slow_increment
 
 
@@ -119,24 +119,19 @@ async def test_requests_whose_work_is_done_go_on_a_slice_per_loop_iteration(any_
     for name in ("WAKE_SLICE", "SLICE_MIN", "SLICE_MAX"):     # exactly 8 per iteration
         monkeypatch.setattr(_loops, name, 8)
     monkeypatch.setattr(_loops, "TURN_BUDGET_S", 0.0)
-    dev, loop = any_rt.devices[0], asyncio.get_running_loop()
+    dev = any_rt.devices[0]
     futs = [dev.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)) for _ in range(64)]
     await asyncio.to_thread(futs[-1].wait, 30)
-    ticks, seen, stop = [0], [], []
-
-    def tick() -> None:
-        ticks[0] += 1
-        if not stop:
-            loop.call_soon(tick)
+    ticks, seen = Ticks(), []
 
     async def one(f):
         await f
-        seen.append(ticks[0])
+        seen.append(ticks.n)
 
     tasks = [asyncio.ensure_future(one(f)) for f in futs]
-    loop.call_soon(tick)
+    ticks.start()
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    stop.append(1)
+    ticks.stop()
     assert len(seen) == 64
     assert max(seen.count(t) for t in set(seen)) <= 8
 

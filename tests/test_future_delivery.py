@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from aiogpu.futures import FutureHub, GPUFuture
+from backends import Ticks
 
 
 class ManualHub(FutureHub):
@@ -73,26 +74,20 @@ async def test_a_large_batch_is_woken_in_slices_with_the_loop_running_between(mo
     callback that re-schedules itself every iteration (as timers and I/O get their turn) runs
     between the slices, so one completion never makes one long iteration of every task."""
     fixed_slice(monkeypatch, 8)
-    hub, loop = ManualHub(), asyncio.get_running_loop()
+    hub = ManualHub()
     fut = hub.new(1)
-    ticks, seen = [0], []
-
-    def tick() -> None:
-        ticks[0] += 1
-        if not done.is_set():
-            loop.call_soon(tick)
+    ticks, seen = Ticks(), []
 
     async def task() -> None:
         await fut
-        seen.append(ticks[0])
+        seen.append(ticks.n)
 
-    done = asyncio.Event()
     tasks = [asyncio.ensure_future(task()) for _ in range(64)]
     await asyncio.sleep(0)
-    loop.call_soon(tick)
+    ticks.start()
     hub.complete(fut)
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
-    done.set()
+    ticks.stop()
     per_iteration = max(seen.count(t) for t in set(seen))
     assert len(seen) == 64 and per_iteration <= 8
     assert len(set(seen)) >= 8
@@ -105,27 +100,21 @@ async def test_completions_posted_separately_are_still_woken_in_slices(monkeypat
     completed one at a time (64 posts before the loop runs again, as a waiter thread that wakes
     per completion makes them) still wake at most WAKE_SLICE tasks per iteration, in order."""
     fixed_slice(monkeypatch, 8)
-    hub, loop = ManualHub(), asyncio.get_running_loop()
+    hub = ManualHub()
     futs = [hub.new(k) for k in range(1, 65)]
-    ticks, seen = [0], []
-
-    def tick() -> None:
-        ticks[0] += 1
-        if not done.is_set():
-            loop.call_soon(tick)
+    ticks, seen = Ticks(), []
 
     async def task(i: int) -> None:
         await futs[i]
-        seen.append((ticks[0], i))
+        seen.append((ticks.n, i))
 
-    done = asyncio.Event()
     tasks = [asyncio.ensure_future(task(i)) for i in range(64)]
     await asyncio.sleep(0)
-    loop.call_soon(tick)
+    ticks.start()
     for f in futs:                                   # 64 separate posts, the loop blocked meanwhile
         hub.complete(f)
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
-    done.set()
+    ticks.stop()
     at = [t for t, _ in seen]
     assert max(at.count(t) for t in set(at)) <= 8
     assert [i for _, i in seen] == list(range(64))   # in completion order
@@ -138,29 +127,23 @@ async def test_awaits_of_done_futures_take_slots_of_the_iteration_too(monkeypatc
     request's host work and the loop's timers and sockets wait for all of it. Nothing is
     lost or reordered, and a done future awaited alone still returns without yielding."""
     fixed_slice(monkeypatch, 8)
-    hub, loop = ManualHub(), asyncio.get_running_loop()
+    hub = ManualHub()
     futs = [hub.new(k) for k in range(1, 65)]
     hub.complete(*futs)
-    ticks, seen = [0], []
-
-    def tick() -> None:
-        ticks[0] += 1
-        if not done.is_set():
-            loop.call_soon(tick)
+    ticks, seen = Ticks(), []
 
     async def task(i: int) -> None:
         await futs[i]
-        seen.append((ticks[0], i))
+        seen.append((ticks.n, i))
 
-    done = asyncio.Event()
     await asyncio.sleep(0)                           # a fresh iteration: no slot taken yet
     lone = _await(futs[0]).__await__()
     with pytest.raises(StopIteration):               # done, the first of its iteration: no yield
         lone.send(None)
     tasks = [asyncio.ensure_future(task(i)) for i in range(64)]
-    loop.call_soon(tick)
+    ticks.start()
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
-    done.set()
+    ticks.stop()
     at = [t for t, _ in seen]
     assert max(at.count(t) for t in set(at)) <= 8
     assert len(set(at)) >= 8
@@ -169,29 +152,22 @@ async def test_awaits_of_done_futures_take_slots_of_the_iteration_too(monkeypatc
 
 async def _burst(hub, n: int, work_s: float) -> list[int]:
     """``n`` tasks parked on one future, each doing ``work_s`` of blocking host work once
-    woken; the loop iteration each one resumed in (counted by a callback re-queued each
-    iteration)."""
-    loop = asyncio.get_running_loop()
+    woken; the loop iteration each one resumed in."""
     fut = hub.new(1)
-    ticks, seen, stop = [0], [], []
-
-    def tick() -> None:
-        ticks[0] += 1
-        if not stop:
-            loop.call_soon(tick)
+    ticks, seen = Ticks(), []
 
     async def task() -> None:
         await fut
-        seen.append(ticks[0])
+        seen.append(ticks.n)
         if work_s:
             time.sleep(work_s)
 
     tasks = [asyncio.ensure_future(task()) for _ in range(n)]
     await asyncio.sleep(0)
-    loop.call_soon(tick)
+    ticks.start()
     hub.complete(fut)
     await asyncio.wait_for(asyncio.gather(*tasks), 30)
-    stop.append(1)
+    ticks.stop()
     return seen
 
 
