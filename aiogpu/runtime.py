@@ -364,13 +364,14 @@ class Runtime:
         # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
         for group in (reads, writes):
             for s in group:
-                if isinstance(s, Buffer):
+                kind = type(s)
+                if kind is Buffer:
                     if s not in views:
                         views.append(s)
                         root = s if s._base is None else s._base
                         if root not in roots:
                             roots.append(root)
-                elif isinstance(s, ordering.HostRange) and s not in hosts:
+                elif kind is ordering.HostRange and s not in hosts:
                     hosts.append(s)
         for buf in roots:
             buf.users += 1
