@@ -167,19 +167,20 @@ class Hazards:
         self._split(start)
         self._split(end)
         i, j = self._span(start, end)
-        if write:
+        if write:               # one segment replaces those it covers
             self._seq += 1
-            new = [_Segment(start, end, fut, [], self._seq)]
-        else:
-            new, at = [], start
-            for seg in self._segs[i:j]:
-                if seg.start > at:          # bytes nobody used yet
-                    new.append(_Segment(at, seg.start, None, [fut], 0))
-                seg.reads.append(fut)
-                new.append(seg)
-                at = seg.end
-            if at < end:
-                new.append(_Segment(at, end, None, [fut], 0))
+            self._segs[i:j] = [_Segment(start, end, fut, [], self._seq)]
+            self._starts[i:j] = [start]
+            return
+        new, at = [], start             # a read joins them, and covers the gaps between
+        for seg in self._segs[i:j]:
+            if seg.start > at:          # bytes nobody used yet
+                new.append(_Segment(at, seg.start, None, [fut], 0))
+            seg.reads.append(fut)
+            new.append(seg)
+            at = seg.end
+        if at < end:
+            new.append(_Segment(at, end, None, [fut], 0))
         self._segs[i:j] = new
         self._starts[i:j] = [seg.start for seg in new]
 
@@ -354,7 +355,7 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
     for d in deps:
         if not d.retired:
             preds.append(d)
-    if not isinstance(writes, list):
+    if type(writes) is not list:
         writes = list(writes)
     for obj in writes:
         if type(obj) is Buffer and obj._base is None and obj.ranges is None:

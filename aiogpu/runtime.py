@@ -353,9 +353,9 @@ class Runtime:
             return
         if not (reads or writes or deps or keep or cleanup):
             return                          # (work touching no memory: nothing to record)
-        if not isinstance(reads, list):
+        if type(reads) is not list:
             reads = list(reads)
-        if not isinstance(writes, list):
+        if type(writes) is not list:
             writes = list(writes)
         ordering.record(fut, reads, writes, deps)
         views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
