@@ -520,15 +520,14 @@ class Buffer:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
-        rt.check_open()
         capturing = rt.capturing() is not None
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
             rt.check_open()
-            out, ptr = rt.pinned.empty_at(self.nbytes, dtype)
+            out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
             if len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
-            fut = rt.copy(out, self) if capturing else rt.download(self, out, ptr)
+            fut = rt.copy(out, self) if capturing else rt.download(self, out, address, ptr)
         fut.value = out
         return fut
 

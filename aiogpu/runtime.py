@@ -398,12 +398,13 @@ class Runtime:
             label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
             return self.submit_copy(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
 
-    def download(self, buf: Buffer, out: np.ndarray, ptr: int) -> GPUFuture:
-        """``buf``'s bytes copied into ``out``, a new array of the pinned pool at device pointer
-        ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime open, no capture): the copy
-        of ``copy(out, buf)`` without its validation, which holds by construction."""
+    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture:
+        """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
+        ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
+        open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
+        construction."""
         n, device = buf.nbytes, buf.device
-        d = CopySide(out, True, None, self.hazards.host(out.__array_interface__["data"][0], n), ptr)
+        d = CopySide(out, True, None, self.hazards.host(address, n), ptr)
         s = CopySide(buf, False, device, buf, buf.address)
         op = CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out])
         return self.submit_copy(op, [], fresh_dst=True)
@@ -457,7 +458,9 @@ class Runtime:
             op.stage = False
             return
         address, src.ptr, release = self.pinned.block(op.nbytes)
-        ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
+        # (A host side's state is its byte range by address: ``__array_interface__`` again would
+        # cost more than the memmove.)
+        ctypes.memmove(address, src.state.start, op.nbytes)
         op.cleanup.append(release)
         op.staged = True
 

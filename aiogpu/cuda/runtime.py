@@ -36,11 +36,6 @@ from .waiter import DEFAULT_SPIN_S, CudaHub
 _wait64 = cu.cuStreamWaitValue64
 
 
-def other_done(dep: Any) -> int:
-    """The last ticket of ``dep``'s lane known complete (no device-side wait needed up to it)."""
-    return dep.lane.done_upto()
-
-
 class CudaRuntime(Runtime):
     """aiogpu on NVIDIA GPUs through the CUDA driver API.
 
@@ -124,7 +119,7 @@ class CudaRuntime(Runtime):
                 if cur is None or dep.ticket > cur.ticket:
                     waits[other] = dep
             for dep in waits.values():
-                if dep.ticket > other_done(dep):
+                if dep.ticket > dep.lane.done_upto():   # (else its lane's word shows it done: no wait)
                     if dep.event is not None:
                         code = hot.wait(stream, dep.event)
                     elif type(hot) is D._CHot:     # wait on the device for the other lane's word
