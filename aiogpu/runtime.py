@@ -468,7 +468,7 @@ class Runtime:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
         sizes = []
         for name, side in (("dst", dst), ("src", src)):
-            if isinstance(side, Buffer):
+            if type(side) is Buffer:        # (Buffers have no subclasses: a type test is enough)
                 side.check_usable()
                 if side.device.runtime is not self:
                     raise ValueError(f"copy {name}: {side!r} belongs to another runtime")
@@ -486,11 +486,11 @@ class Runtime:
                     raise TypeError(f"copy {name} must be a Buffer or a NumPy array{self._foreign_kinds}, "
                                     f"got {type(side).__name__}{self._refusal(side)}")
                 sizes.append(info[1])
-        if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
-            raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
-        if not isinstance(dst, Buffer) and not isinstance(src, Buffer):
+        if type(dst) is not Buffer and type(src) is not Buffer:
+            if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+                raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
             raise TypeError("copy needs at least one Buffer")
-        if isinstance(dst, np.ndarray) and not dst.flags.writeable:
+        if type(dst) is not Buffer and isinstance(dst, np.ndarray) and not dst.flags.writeable:
             raise ValueError("copy dst: the NumPy array is read-only")
         if sizes[0] != sizes[1]:
             raise ValueError(f"copy sizes differ: dst has {sizes[0]} bytes, src {sizes[1]}")
@@ -499,7 +499,7 @@ class Runtime:
     def _side(self, side: Any, name: str, nbytes: int) -> CopySide:
         """One side of a validated copy; a host side in the pinned pool has its device pointer
         (used in place), other host sides None (staged, or the backend's ``_host_pointers``)."""
-        if isinstance(side, Buffer):
+        if type(side) is Buffer:
             return CopySide(side, False, side.device, side, side.address)
         if isinstance(side, np.ndarray):
             addr = side.__array_interface__["data"][0]
