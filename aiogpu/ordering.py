@@ -368,8 +368,8 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
         state.last_write = fut
         state.reads = []
     for obj in reads:
-        if writes and _contains(writes, obj):
-            continue                # written too: its write covers the read
+        if obj in writes:           # written too: its write covers the read (``in`` compares by
+            continue                # identity here: Buffer and HostRange define no __eq__)
         if type(obj) is Buffer and obj._base is None and obj.ranges is None:
             state = obj
         else:
@@ -379,10 +379,3 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
                 continue
         state.reads.append(fut)
 
-
-def _contains(items: list, obj: Any) -> bool:
-    """Whether ``obj`` itself (not an equal object) is in ``items``."""
-    for item in items:
-        if item is obj:
-            return True
-    return False
