@@ -56,7 +56,10 @@ class Deferred(GPUFuture):
 def resolve(deps: dict) -> tuple[dict, list]:
     """``deps`` with each submitted Deferred replaced by its submitted work; and the deferred
     dependencies not submitted yet (still pending)."""
-    if not any(isinstance(f, Deferred) for f in deps):
+    for f in deps:                  # (a loop, not any(): this runs per operation ordered after others)
+        if isinstance(f, Deferred):
+            break
+    else:
         return deps, []
     out: dict = {}
     blockers = []

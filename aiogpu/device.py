@@ -278,7 +278,7 @@ class Device:
         if address is None:
             with rt.lock:
                 rt.check_open()
-                address, _ = memory.alloc(nbytes)
+                address = memory.alloc(nbytes)
         return Buffer(self, address, nbytes, memory.give_back)
 
     def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
@@ -419,7 +419,7 @@ class Device:
         if not deps:
             return self.compute[next(self._rr)]
         for fut in reversed(list(deps)):
-            lane = getattr(fut, "lane", None)
+            lane = fut.lane
             if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
                     and getattr(lane, "kind", "") == "compute":
                 return lane

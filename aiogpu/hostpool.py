@@ -108,13 +108,14 @@ class PinnedPool:
         block returns to the pool when the array and its views are gone."""
         return self.empty_at(nbytes, dtype)[0]
 
-    def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int]:
-        """``empty(nbytes, dtype)`` and the device pointer of its first byte."""
+    def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int, int]:
+        """``empty(nbytes, dtype)``, the host address and the device pointer of its first byte
+        (the address: reading it back through ``__array_interface__`` costs microseconds)."""
         dtype = np.dtype(dtype)
         address, large, size, slab = self._carve(nbytes)
         owner = _owner_class(size).from_buffer(slab.map, address - slab.start)
         owner.returns, owner.token = self._returns, (address, large)
-        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), slab.device + (address - slab.base)
+        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), address, slab.device + (address - slab.base)
 
     def _carve(self, nbytes: int) -> tuple[int, bool, int, _Slab]:
         """(address, large?, size, slab) of a block of at least ``nbytes``, counted handed out."""

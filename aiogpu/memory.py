@@ -56,11 +56,11 @@ class BuddyAllocator:
 
     @staticmethod
     def order_for(nbytes: int) -> int:
-        return max(MIN_ORDER, (max(nbytes, 1) - 1).bit_length())
+        return MIN_ORDER if nbytes <= MIN_PIECE else (nbytes - 1).bit_length()
 
     def alloc(self, nbytes: int) -> int:
         """The address of a piece of at least ``nbytes`` (ValueError above a block)."""
-        order = self.order_for(nbytes)
+        order = MIN_ORDER if nbytes <= MIN_PIECE else (nbytes - 1).bit_length()   # (order_for, inline)
         if order > BLOCK_ORDER:
             raise ValueError(f"{nbytes} bytes is too large for the sub-allocator")
         cached = self._cache[order]
@@ -68,15 +68,18 @@ class BuddyAllocator:
             addr = cached.pop()
             self._used[addr] = order
             return addr
-        found = next((o for o in range(order, BLOCK_ORDER + 1) if self._free[o]), None)
-        if found is None:
-            self._free[BLOCK_ORDER].add(self._get_block())
+        free = self._free
+        for found in range(order, BLOCK_ORDER + 1):     # the smallest free piece that fits
+            if free[found]:
+                break
+        else:
+            free[BLOCK_ORDER].add(self._get_block())
             self.blocks += 1
             found = BLOCK_ORDER
-        addr = self._free[found].pop()
+        addr = free[found].pop()
         while found > order:        # split, keeping the upper half free
             found -= 1
-            self._free[found].add(addr + (1 << found))
+            free[found].add(addr + (1 << found))
         self._used[addr] = order
         return addr
 
@@ -190,17 +193,16 @@ class DeviceMemory:
         while returned and not self.destroyed:
             self.free(returned.popleft())
 
-    def alloc(self, nbytes: int) -> tuple[int, int]:
-        """(address, capacity) of ``nbytes`` of device memory."""
+    def alloc(self, nbytes: int) -> int:
+        """The address of ``nbytes`` (1 or more) of device memory."""
         if self.returned:
             self.drain()
         if nbytes <= SMALL_LIMIT:
-            addr = self.small.alloc(nbytes)
-            return addr, 1 << self.small.order_for(nbytes)
+            return self.small.alloc(nbytes)
         size = round_up(nbytes, BLOCK)
         addr = self._aligned(size)
         self.large[addr] = size
-        return addr, size
+        return addr
 
     def free(self, addr: int) -> None:
         if addr in self.large:
@@ -518,15 +520,14 @@ class Buffer:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
-        rt.check_open()
         capturing = rt.capturing() is not None
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
             rt.check_open()
-            out, ptr = rt.pinned.empty_at(self.nbytes, dtype)
+            out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
             if len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
-            fut = rt.copy(out, self) if capturing else rt.download(self, out, ptr)
+            fut = rt.copy(out, self) if capturing else rt.download(self, out, address, ptr)
         fut.value = out
         return fut
 

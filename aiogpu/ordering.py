@@ -19,6 +19,7 @@ from typing import Any, Iterable
 
 from .errors import GPUError
 from .futures import GPUFuture
+from .memory import Buffer
 
 
 class HostRange:
@@ -128,6 +129,9 @@ class Hazards:
     def _collect(self, start: int, end: int, writers: bool) -> list[GPUFuture]:
         if not self._segs:
             return []
+        i, j = self._span(start, end)
+        if i == j:          # nothing overlaps (the common case of a host array): nothing to prune
+            return []
         self.prune(start, end)
         i, j = self._span(start, end)
         out: dict[int, GPUFuture] = {}
@@ -139,6 +143,9 @@ class Hazards:
 
     def _newest_writer(self, start: int, end: int) -> GPUFuture | None:
         if not self._segs:
+            return None
+        i, j = self._span(start, end)
+        if i == j:          # nothing overlaps (the common case of a host array): nothing to prune
             return None
         self.prune(start, end)
         i, j = self._span(start, end)
@@ -160,34 +167,35 @@ class Hazards:
         self._split(start)
         self._split(end)
         i, j = self._span(start, end)
-        if write:
+        if write:               # one segment replaces those it covers
             self._seq += 1
-            new = [_Segment(start, end, fut, [], self._seq)]
-        else:
-            new, at = [], start
-            for seg in self._segs[i:j]:
-                if seg.start > at:          # bytes nobody used yet
-                    new.append(_Segment(at, seg.start, None, [fut], 0))
-                seg.reads.append(fut)
-                new.append(seg)
-                at = seg.end
-            if at < end:
-                new.append(_Segment(at, end, None, [fut], 0))
+            self._segs[i:j] = [_Segment(start, end, fut, [], self._seq)]
+            self._starts[i:j] = [start]
+            return
+        new, at = [], start             # a read joins them, and covers the gaps between
+        for seg in self._segs[i:j]:
+            if seg.start > at:          # bytes nobody used yet
+                new.append(_Segment(at, seg.start, None, [fut], 0))
+            seg.reads.append(fut)
+            new.append(seg)
+            at = seg.end
+        if at < end:
+            new.append(_Segment(at, end, None, [fut], 0))
         self._segs[i:j] = new
         self._starts[i:j] = [seg.start for seg in new]
-
-
-_NOT_A_BUFFER: Any = object()
 
 
 def state_of(obj: Any) -> Any:
     """The ordering state of what an operation touches (under the runtime lock): a range as
     given; a Buffer used whole while its allocation has no range state: the allocation itself
     (its two fields); any other Buffer or view: its bytes in the allocation's ranges (created
-    now, holding the whole-buffer state so far). Other objects (a capture's states) as given."""
-    base = getattr(obj, "_base", _NOT_A_BUFFER)     # (``Buffer.root`` without a property call)
-    if base is _NOT_A_BUFFER:
+    now, holding the whole-buffer state so far). Other objects (a capture's states) as given.
+
+    (``dependencies`` and ``record`` test the commonest case, an allocation used whole with no
+    range state, themselves: it is its own state, and they skip this call per buffer.)"""
+    if type(obj) is not Buffer:
         return obj
+    base = obj._base
     root = obj if base is None else base
     ranges = root.ranges
     if ranges is None:
@@ -206,17 +214,22 @@ def prune(state: Any) -> None:
     failed), so that finished futures, and the results they hold, are not kept alive by the
     memory they touched. A Buffer (or view) prunes its whole allocation; an allocation whose
     ranges are left empty goes back to the fast path."""
-    # A writer that failed stays the last writer even once retired: the memory's contents are
-    # undefined, so later readers fail (read after a failed write) until something overwrites it.
-    # (Host memory is exempt, see Hazards.)
-    base = getattr(state, "_base", _NOT_A_BUFFER)
-    if base is not _NOT_A_BUFFER:
-        root = state = state if base is None else base
+    if type(state) is Buffer:
+        root = state if state._base is None else state._base
         if root.ranges is not None:
             root.ranges.prune(0, root.nbytes)
             if not root.ranges._segs:
                 root.ranges = None
             return
+        state = root
+    _prune_fields(state)
+
+
+def _prune_fields(state: Any) -> None:
+    """``prune`` of a state kept in two fields (an allocation used whole, a capture's state)."""
+    # A writer that failed stays the last writer even once retired: the memory's contents are
+    # undefined, so later readers fail (read after a failed write) until something overwrites it.
+    # (Host memory is exempt, see Hazards.)
     last = state.last_write
     if last is not None and last.retired and last._exc is None:
         state.last_write = None
@@ -245,21 +258,27 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
     for fut in after:
         deps[fut] = True            # retired ones too: failed_dependency checks them
     for obj in reads:
-        state = state_of(obj)
-        if isinstance(state, HostRange):
-            for writer in state.writers():
-                deps[writer] = True
-            continue
-        prune(state)
+        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
+            state = obj             # an allocation used whole: its own state (see state_of)
+        else:
+            state = state_of(obj)
+            if isinstance(state, HostRange):
+                for writer in state.writers():
+                    deps[writer] = True
+                continue
+        _prune_fields(state)
         if state.last_write is not None:
             deps[state.last_write] = True
     for obj in writes:
-        state = state_of(obj)
-        if isinstance(state, HostRange):
-            for fut in (*state.writers(), *state.readers()):
-                _order_after(deps, fut)
-            continue
-        prune(state)
+        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
+            state = obj
+        else:
+            state = state_of(obj)
+            if isinstance(state, HostRange):
+                for fut in (*state.writers(), *state.readers()):
+                    _order_after(deps, fut)
+                continue
+        _prune_fields(state)
         if state.last_write is not None:
             _order_after(deps, state.last_write)
         for reader in state.reads:
@@ -336,28 +355,27 @@ def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: It
     for d in deps:
         if not d.retired:
             preds.append(d)
-    if not isinstance(writes, list):
+    if type(writes) is not list:
         writes = list(writes)
     for obj in writes:
-        state = state_of(obj)
-        if isinstance(state, HostRange):
-            state.hazards._record(state.start, state.end, fut, True)
+        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
+            state = obj             # an allocation used whole: its own state (see state_of)
         else:
-            state.last_write = fut
-            state.reads = []
+            state = state_of(obj)
+            if isinstance(state, HostRange):
+                state.hazards._record(state.start, state.end, fut, True)
+                continue
+        state.last_write = fut
+        state.reads = []
     for obj in reads:
-        if _contains(writes, obj):
-            continue
-        state = state_of(obj)
-        if isinstance(state, HostRange):
-            state.hazards._record(state.start, state.end, fut, False)
+        if obj in writes:           # written too: its write covers the read (``in`` compares by
+            continue                # identity here: Buffer and HostRange define no __eq__)
+        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
+            state = obj
         else:
-            state.reads.append(fut)
+            state = state_of(obj)
+            if isinstance(state, HostRange):
+                state.hazards._record(state.start, state.end, fut, False)
+                continue
+        state.reads.append(fut)
 
-
-def _contains(items: list, obj: Any) -> bool:
-    """Whether ``obj`` itself (not an equal object) is in ``items``."""
-    for item in items:
-        if item is obj:
-            return True
-    return False

@@ -353,9 +353,9 @@ class Runtime:
             return
         if not (reads or writes or deps or keep or cleanup):
             return                          # (work touching no memory: nothing to record)
-        if not isinstance(reads, list):
+        if type(reads) is not list:
             reads = list(reads)
-        if not isinstance(writes, list):
+        if type(writes) is not list:
             writes = list(writes)
         ordering.record(fut, reads, writes, deps)
         views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
@@ -364,13 +364,14 @@ class Runtime:
         # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
         for group in (reads, writes):
             for s in group:
-                if isinstance(s, Buffer):
+                kind = type(s)
+                if kind is Buffer:
                     if s not in views:
                         views.append(s)
                         root = s if s._base is None else s._base
                         if root not in roots:
                             roots.append(root)
-                elif isinstance(s, ordering.HostRange) and s not in hosts:
+                elif kind is ordering.HostRange and s not in hosts:
                     hosts.append(s)
         for buf in roots:
             buf.users += 1
@@ -397,12 +398,13 @@ class Runtime:
             label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
             return self.submit_copy(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
 
-    def download(self, buf: Buffer, out: np.ndarray, ptr: int) -> GPUFuture:
-        """``buf``'s bytes copied into ``out``, a new array of the pinned pool at device pointer
-        ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime open, no capture): the copy
-        of ``copy(out, buf)`` without its validation, which holds by construction."""
+    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture:
+        """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
+        ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
+        open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
+        construction."""
         n, device = buf.nbytes, buf.device
-        d = CopySide(out, True, None, self.hazards.host(out.__array_interface__["data"][0], n), ptr)
+        d = CopySide(out, True, None, self.hazards.host(address, n), ptr)
         s = CopySide(buf, False, device, buf, buf.address)
         op = CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out])
         return self.submit_copy(op, [], fresh_dst=True)
@@ -456,7 +458,9 @@ class Runtime:
             op.stage = False
             return
         address, src.ptr, release = self.pinned.block(op.nbytes)
-        ctypes.memmove(address, src.obj.__array_interface__["data"][0], op.nbytes)
+        # (A host side's state is its byte range by address: ``__array_interface__`` again would
+        # cost more than the memmove.)
+        ctypes.memmove(address, src.state.start, op.nbytes)
         op.cleanup.append(release)
         op.staged = True
 
@@ -464,7 +468,7 @@ class Runtime:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
         sizes = []
         for name, side in (("dst", dst), ("src", src)):
-            if isinstance(side, Buffer):
+            if type(side) is Buffer:        # (Buffers have no subclasses: a type test is enough)
                 side.check_usable()
                 if side.device.runtime is not self:
                     raise ValueError(f"copy {name}: {side!r} belongs to another runtime")
@@ -482,11 +486,11 @@ class Runtime:
                     raise TypeError(f"copy {name} must be a Buffer or a NumPy array{self._foreign_kinds}, "
                                     f"got {type(side).__name__}{self._refusal(side)}")
                 sizes.append(info[1])
-        if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
-            raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
-        if not isinstance(dst, Buffer) and not isinstance(src, Buffer):
+        if type(dst) is not Buffer and type(src) is not Buffer:
+            if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+                raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
             raise TypeError("copy needs at least one Buffer")
-        if isinstance(dst, np.ndarray) and not dst.flags.writeable:
+        if type(dst) is not Buffer and isinstance(dst, np.ndarray) and not dst.flags.writeable:
             raise ValueError("copy dst: the NumPy array is read-only")
         if sizes[0] != sizes[1]:
             raise ValueError(f"copy sizes differ: dst has {sizes[0]} bytes, src {sizes[1]}")
@@ -495,7 +499,7 @@ class Runtime:
     def _side(self, side: Any, name: str, nbytes: int) -> CopySide:
         """One side of a validated copy; a host side in the pinned pool has its device pointer
         (used in place), other host sides None (staged, or the backend's ``_host_pointers``)."""
-        if isinstance(side, Buffer):
+        if type(side) is Buffer:
             return CopySide(side, False, side.device, side, side.address)
         if isinstance(side, np.ndarray):
             addr = side.__array_interface__["data"][0]

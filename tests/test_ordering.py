@@ -97,3 +97,18 @@ async def test_const_arguments_are_read_only_and_readers_overlap(rt):
     assert f1.queue != f2.queue, "two readers of one buffer were serialised onto one queue"
     await aiogpu.gather(f1, f2)
     assert list(await dst2.to_numpy(np.int64)) == [0, 1, 2, 3]
+
+
+@pytest.mark.asyncio
+async def test_a_to_numpy_result_is_ordered_until_its_download_lands(rt):
+    """The array ``to_numpy`` returns is recorded, by its address, as written by the download:
+    a copy that reads it before the download has landed waits for it on the device."""
+    d0 = rt.devices[0]
+    src, dst = d0.alloc(8), d0.alloc(8)
+    await aiogpu.copy(src, np.zeros(1, np.int64))
+    d0.launch(slow_increment, grid=(1,), block=(1,), args=(src,))   # the download waits for it
+    pending = src.to_numpy(np.int64)
+    assert not pending.done()
+    await aiogpu.copy(dst, pending.value)        # reads the array before the download landed
+    assert (await pending)[0] == 1
+    assert (await dst.to_numpy(np.int64))[0] == 1

@@ -36,11 +36,6 @@ from .waiter import DEFAULT_SPIN_S, CudaHub
 _wait64 = cu.cuStreamWaitValue64
 
 
-def other_done(dep: Any) -> int:
-    """The last ticket of ``dep``'s lane known complete (no device-side wait needed up to it)."""
-    return dep.lane.done_upto()
-
-
 class CudaRuntime(Runtime):
     """aiogpu on NVIDIA GPUs through the CUDA driver API.
 
@@ -117,14 +112,14 @@ class CudaRuntime(Runtime):
         if deps:
             waits: dict = {}
             for dep in deps:
-                other = getattr(dep, "lane", None)
+                other = dep.lane
                 if other is None or other is lane or dep.retired:
                     continue
                 cur = waits.get(other)
                 if cur is None or dep.ticket > cur.ticket:
                     waits[other] = dep
             for dep in waits.values():
-                if dep.ticket > other_done(dep):
+                if dep.ticket > dep.lane.done_upto():   # (else its lane's word shows it done: no wait)
                     if dep.event is not None:
                         code = hot.wait(stream, dep.event)
                     elif type(hot) is D._CHot:     # wait on the device for the other lane's word
@@ -234,16 +229,18 @@ class CudaRuntime(Runtime):
         device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
         lane = self._copy_lane(device, op.direction, deps)
         hot, fused = D.HOT, False
-        if self._shader_can_copy(op) and type(hot) is D._CHot and lane.wordp and not self.event_waits:
+        mapped = self._shader_can_copy(op)
+        if mapped and type(hot) is D._CHot and lane.wordp and not self.event_waits:
             cmemcpy, sh, wordp, fused = hot.memcpy, lane.sh, lane.wordp, True     # copy + word write: one C call
             copy = lambda stream: cmemcpy(dptr, sptr, nbytes, sh, wordp, lane.ticket + 1)  # noqa: E731
-        elif self._shader_can_copy(op):
+        elif mapped:
             copy = lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream)  # noqa: E731
         else:
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
             copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
-        enqueue = self.with_foreign_waits(device, interop.copy_streams(op), copy)
-        return self.submit(device, lane, op.label, deps, enqueue, op.reads, [op.dst.state], op.keep,
+        if op.dst.stream is not None or op.src.stream is not None:     # (another library's array)
+            copy = self.with_foreign_waits(device, interop.copy_streams(op), copy)
+        return self.submit(device, lane, op.label, deps, copy, op.reads, [op.dst.state], op.keep,
                            op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging, fused=fused)
 
     @staticmethod
@@ -253,10 +250,16 @@ class CudaRuntime(Runtime):
         no cross-stream wait stalls the downloads queued behind it on the shared copy stream
         (the DMA engine does the copy either way)."""
         if direction in ("d2h", "d2d") and deps:
-            lanes = {id(f.lane): f.lane for f in deps if not f.retired and f.lane is not None}
-            if len(lanes) == 1:
-                lane = next(iter(lanes.values()))
-                if lane.device is device and lane.kind == "compute":
+            lane = None             # the one lane of the live inputs, if there is one
+            for f in deps:
+                other = f.lane
+                if other is None or f.retired or other is lane:
+                    continue
+                if lane is not None:
+                    break           # a second lane
+                lane = other
+            else:
+                if lane is not None and lane.device is device and lane.kind == "compute":
                     return lane
         return {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[direction]
 

@@ -171,6 +171,13 @@ class CudaHub(FutureHub):
         """A long copy first lets the loop sleep until near its predicted end; then the spin."""
         if not isinstance(fut, CudaFuture):    # a host-settled future (a compile, deferred work)
             return
+        lane = fut.lane
+        word = lane.word if lane is not None else None
+        if word is not None and fut._state == PENDING and word.value >= fut.ticket:
+            # Done at the first poll (short work, the common case of a request): the spin's hit,
+            # without reading the clock or starting it.
+            self._hit(lane, fut, 0.0)
+            return self.completed_now(fut)
         ahead = fut._predicted_wait()
         if ahead > PRESLEEP_MIN_S:
             yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
@@ -197,7 +204,7 @@ class CudaHub(FutureHub):
         if word is not None:
             while fut._state == PENDING:
                 if word.value >= ticket:
-                    self._hit(lane, fut, start)
+                    self._hit(lane, fut, time.perf_counter() - start)
                     return self.completed_now(fut)
                 if time.perf_counter() > deadline or self.awaiting > 1:
                     break
@@ -209,7 +216,7 @@ class CudaHub(FutureHub):
                 if code != D.NOT_READY:
                     if fut._state == PENDING:
                         self.observed(lane, ticket, code)
-                    self._hit(lane, fut, start)
+                    self._hit(lane, fut, time.perf_counter() - start)
                     return False
                 if time.perf_counter() > deadline or self.awaiting > 1:
                     break
@@ -232,9 +239,10 @@ class CudaHub(FutureHub):
             return False
         return True
 
-    def _hit(self, lane: Any, fut: CudaFuture, start: float) -> None:
+    def _hit(self, lane: Any, fut: CudaFuture, waited: float) -> None:
+        """A spin saw ``fut`` complete after ``waited`` seconds: the lane's window grows."""
         self.spin_hits += 1
-        lane.spin = min(self.spin_s, max(lane.spin * 2, 2 * (time.perf_counter() - start)))
+        lane.spin = min(self.spin_s, max(lane.spin * 2, 2 * waited))
         if fut.nbytes >= LEARN_MIN_BYTES:
             fut._learn()
 
