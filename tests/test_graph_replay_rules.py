@@ -79,9 +79,13 @@ def test_replay_tracks_the_buffers_of_patched_arguments(make_runtime):
     with aiogpu.Graph() as g:
         node = d0.launch(add_const_n, grid=(N,), block=(N,), args=(a, 1, N))
     exe = g.instantiate()
-    replay = exe.launch(args={node: (b, 5, N)})
+    gate = Gate()                    # the replay cannot finish (and retire) before the checks:
+    d0.launch(add_const_n, grid=(N,), block=(N,), args=(b, 0, N), after=[gate.launch(d0)])
+    replay = exe.launch(args={node: (b, 5, N)})      # it writes b after that gated write
     assert b.last_write is replay and a.last_write is not replay
     out = b.to_numpy(np.int64)
+    assert not out.done()
+    gate.open()
     assert out.wait(20) and (out.result() == 5).all()
 
 

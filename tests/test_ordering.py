@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from gpu_kernels import add_into, sleep_ms, slow_increment
+from gpu_kernels import Gate, add_into, sleep_ms, slow_increment
 
 
 def timeline(rt):
@@ -56,14 +56,16 @@ async def test_independent_launches_overlap_on_the_device(rt):
 async def test_dependent_work_waits_on_the_device_not_the_host(rt):
     d0, d1 = rt.devices
     src, dst = d0.alloc(8), d1.alloc(8)
-    first = d0.launch(slow_increment, grid=(1,), block=(1,), args=(src,))
+    gate = Gate()                    # holds `first` back until everything below is submitted
+    first = d0.launch(slow_increment, grid=(1,), block=(1,), args=(src,), after=[gate.launch(d0)])
     wakeups_before = rt.hub.wakeups
     second = aiogpu.copy(dst, src)   # depends on `first` (read after write), on another engine
     third = d1.launch(slow_increment, grid=(1,), block=(1,), args=(dst,))
-    # Everything is already on the device while `first` is still running: nothing waited on the host.
+    # Everything is already on the device while `first` cannot have run: nothing waited on the host.
     assert not first.done()
     assert second.queue is not None and third.queue is not None
     assert third.packet is not None, "the dependent launch was not published to its ring"
+    gate.open()
     await third
     copies = [r for r in timeline(rt) if r.kind == "copy"]
     incs = sorted((r for r in timeline(rt) if r.name == "slow_increment"), key=lambda r: r.start_ns)
