@@ -413,12 +413,13 @@ class Device:
         return got
 
     # -- lanes ---------------------------------------------------------------------------------
-    def pick_lane(self, deps: Iterable[GPUFuture]) -> Any:
+    def pick_lane(self, deps: dict[GPUFuture, Any]) -> Any:
         """The compute lane of the newest live dependency on this device (lane order then
-        suffices for it), else the next compute lane round-robin, so independent work spreads."""
+        suffices for it), else the next compute lane round-robin, so independent work spreads.
+        ``deps``: an operation's dependencies, oldest first (a dict: it reverses in place)."""
         if not deps:
             return self.compute[next(self._rr)]
-        for fut in reversed(list(deps)):
+        for fut in reversed(deps):
             lane = fut.lane
             if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
                     and getattr(lane, "kind", "") == "compute":
