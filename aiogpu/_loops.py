@@ -48,10 +48,11 @@ class AsyncioPort:
     aiogpu await that goes on in an iteration of the loop takes one of its ``slice`` *slots*:
     a task woken from the queue and an await whose result was ready alike; the rest wait, in
     order, for the next iteration. The slots are ``TURN_BUDGET_S`` over the measured loop
-    time per slot taken (between ``SLICE_MIN`` and ``SLICE_MAX``). A service whose requests each do a few hundred microseconds of host work
-    (on resuming, and on arriving, which the slots hold back in turn) so keeps its loop's
-    iterations, and its timers' lateness, near the budget, while cheap awaits are not slowed
-    down by extra iterations."""
+    time per slot taken (between ``SLICE_MIN`` and ``SLICE_MAX``). A service whose requests
+    each do a few hundred microseconds of host work (on resuming, and on arriving, which the
+    slots hold back in turn) so keeps its loop's iterations, and its timers' lateness, near
+    the budget, while cheap awaits are not slowed down by extra iterations. (trio runs have
+    no slots: ``TrioPort`` wakes every completion in the next batch.)"""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = weakref.ref(loop)
@@ -255,8 +256,8 @@ def _wake_trio(batch: Batch) -> None:
 def checkpoint() -> Generator:
     """The schedule point of an await whose result is ready. On trio a checkpoint (a
     cancellation point and a schedule point: trio's rule for library calls). On asyncio
-    nothing (asyncio has no such rule), unless this loop iteration has already let
-    ``WAKE_SLICE`` aiogpu awaits go on: then a wait for a slot in a later one."""
+    nothing (asyncio has no such rule), unless this loop iteration has no slot left for
+    aiogpu awaits (see ``AsyncioPort``): then a wait for one in a later iteration."""
     if _in_trio() is not None:
         import trio
 
