@@ -70,17 +70,27 @@ class AsyncioPort:
         loop = self._loop()
         if loop is None or loop.is_closed():
             return
-        with self._lock:
-            self._queue.extend(awaiters)
-            if self._scheduled:
-                return
-            self._scheduled = True
+        if not self._put(awaiters):
+            return
         try:
             loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # closed between the check and the call: nothing will run
             with self._lock:
                 self._queue.clear()
                 self._scheduled = False
+
+    def _put(self, items: Batch, first: bool = False) -> bool:
+        """Queue ``items`` (``first``: at the front, in their order); True when the caller
+        must schedule a drain (none is queued on the loop yet)."""
+        with self._lock:
+            if first:
+                self._queue.extendleft(reversed(items))
+            else:
+                self._queue.extend(items)
+            if self._scheduled or not self._queue:
+                return False
+            self._scheduled = True
+            return True
 
     def _drain(self) -> None:
         """On the loop: wake as many as the next iteration has slots for."""
@@ -146,41 +156,29 @@ class AsyncioPort:
         else:
             self._mark, self._marked = 0.0, False
 
-    def take_turn(self, first: bool = False) -> Generator:
-        """Wait in the queue until admitted in a later iteration (``first``: at its front,
-        for a woken task that was not admitted)."""
-        loop: Any = self._loop()
-        while True:
+    def go_on(self, woken: bool = False) -> Generator:
+        """An await's last step on the loop: go on now if ``admit(woken)``, else wait in the
+        queue (a woken task first in line) until admitted in a later iteration."""
+        loop: Any = None
+        while not self.admit(woken):
+            loop = loop or self._loop()
             fut = loop.create_future()
-            with self._lock:
-                if first:
-                    self._queue.appendleft(fut)
-                else:
-                    self._queue.append(fut)
-                schedule = not self._scheduled
-                self._scheduled = True
-            if schedule:                   # (on the loop's thread: no thread-safe call needed)
+            if self._put([fut], first=woken):  # (on the loop's thread: no thread-safe call)
                 loop.call_soon(self._drain)
             try:
                 yield from fut.__await__()
             finally:
                 if not fut.done():
                     fut.cancel()
-            if self.admit(woken=True):
-                return
-            first = True
+            woken = True
 
     def _requeue(self, rest: Batch) -> None:
         """The items after a callback that raised KeyboardInterrupt: first in line again."""
-        with self._lock:
-            self._queue.extendleft(reversed(rest))
-            if self._scheduled or not self._queue:
-                return
-            self._scheduled = True
-        asyncio.get_running_loop().call_soon(self._drain)
+        if self._put(rest, first=True):
+            asyncio.get_running_loop().call_soon(self._drain)
 
     def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
-        """Park until a completion is posted (the caller then asks ``admit(woken=True)``)."""
+        """Park until a completion is posted (the caller then goes on with ``go_on(woken=True)``)."""
         loop: Any = self._loop()
         fut = loop.create_future()
         register(fut)
@@ -265,9 +263,7 @@ def checkpoint() -> Generator:
         return
     loop = asyncio._get_running_loop()
     if loop is not None:
-        port = _asyncio_port(loop)
-        if not port.admit():
-            yield from port.take_turn()
+        yield from _asyncio_port(loop).go_on()
 
 
 _asyncio_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioPort]" = weakref.WeakKeyDictionary()

@@ -284,11 +284,8 @@ class GPUFuture(_FutureProtocol):
         # On asyncio the task goes on only once admitted in this loop iteration (see
         # _loops.AsyncioPort): woken from the port's queue, or with its result ready, as an
         # await of a done future (_loops.checkpoint).
-        if ready:                     # (spun: an asyncio port)
-            if not port.admit():
-                yield from port.take_turn()
-        elif parked and isinstance(port, _loops.AsyncioPort) and not port.admit(woken=True):
-            yield from port.take_turn(first=True)
+        if ready or (parked and isinstance(port, _loops.AsyncioPort)):   # (spun: an asyncio port)
+            yield from port.go_on(woken=parked)
         return self.value if seen else self.result()
 
     def add_dependent(self, fut: "GPUFuture") -> None:
