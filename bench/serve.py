@@ -389,11 +389,10 @@ def main(argv: list[str] | None = None) -> int:
         args.mode, args.work = args.serve
         if args.switch_interval:
             sys.setswitchinterval(args.switch_interval)
+        from aiogpu import _loops
         if args.wake_slice:              # fixed slots per loop iteration (no adapting)
-            from aiogpu import _loops
             _loops.WAKE_SLICE = _loops.SLICE_MIN = _loops.SLICE_MAX = args.wake_slice
         if args.turn_budget_ms:
-            from aiogpu import _loops
             _loops.TURN_BUDGET_S = args.turn_budget_ms / 1e3
         runner = asyncio.run
         if args.loop == "uvloop":
