@@ -5,13 +5,17 @@ calls complete before the interrupt is raised.)"""
 from __future__ import annotations
 
 import _thread
+import asyncio
+import signal
 import threading
 import time
 
 import numpy as np
 import pytest
+import uvloop
 
 import aiogpu
+from aiogpu import _interrupts
 from aiogpu.hsa_bindings.emulator import queues as emu_queues
 from backends import wait_for_baseline
 
@@ -100,3 +104,124 @@ def test_sigint_at_a_random_moment_of_a_submission_loop(counter_rt, delay_ms):
         finally:
             timer.join()
     check_consistent(rt, counter, futs)
+
+
+# -- on an event loop: the handler goes back once per loop iteration, not once per operation ----
+class Stop(Exception):
+    """What the test's own SIGINT handler raises."""
+
+
+def recording_handler(calls):
+    def handler(signum, frame):
+        calls.append(signum)
+        raise Stop
+    return handler
+
+
+@pytest.fixture
+def own_handler():
+    """A Python-level SIGINT handler of the test's own (asyncio.run keeps it: it installs its
+    own only over the default one); the original is put back afterwards."""
+    calls: list = []
+    handler = recording_handler(calls)
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield handler, calls
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_operations_in_one_loop_iteration_swap_the_handler_once(counter_rt, own_handler, monkeypatch, loop):
+    rt, counter = counter_rt
+    handler, _ = own_handler
+    swaps = []
+    real = _interrupts._setsignal
+    monkeypatch.setattr(_interrupts, "_setsignal", lambda s, h: (swaps.append(h), real(s, h))[1])
+
+    async def main():
+        futs = [rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,)) for _ in range(50)]
+        during = signal.getsignal(signal.SIGINT)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        after = signal.getsignal(signal.SIGINT)
+        for f in futs:
+            await f
+        return during, after
+
+    during, after = (uvloop.run if loop == "uvloop" else asyncio.run)(main())
+    assert during is not handler          # still held back within the iteration ...
+    assert after is handler               # ... and given back once it ended
+    assert swaps.count(handler) <= 3 and len(swaps) <= 6, swaps   # (not 2 per launch: 100)
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_sigint_between_operations_on_a_loop_runs_the_handler_at_once(counter_rt, own_handler):
+    rt, counter = counter_rt
+    handler, calls = own_handler
+    seen = []
+
+    futs = []
+
+    async def main():
+        futs.append(rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,)))
+        try:
+            _thread.interrupt_main()          # between operations, in the same iteration
+            for _ in range(100):              # (the handler runs at the next bytecodes)
+                seen.append(len(calls))
+        except Stop:
+            seen.append("stopped")
+        futs.append(rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,)))
+        await futs[-1]
+
+    asyncio.run(main())
+    assert calls == [signal.SIGINT] and seen[-1] == "stopped" and len(seen) < 100
+    assert signal.getsignal(signal.SIGINT) is handler
+    check_consistent(rt, counter, futs)
+
+
+def test_sigint_inside_a_submission_on_a_loop_arrives_after_it(counter_rt, own_handler, monkeypatch):
+    rt, counter = counter_rt
+    handler, calls = own_handler
+    interrupt_on_call(monkeypatch, rt.hub, "watch", 5)
+    futs = []
+
+    async def main():
+        with pytest.raises(Stop):
+            for _ in range(20):
+                futs.append(rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,)))
+        for f in futs:
+            await f
+
+    asyncio.run(main())
+    monkeypatch.undo()
+    assert len(futs) == 4 and calls == [signal.SIGINT]       # the 5th was submitted, then raised
+    assert signal.getsignal(signal.SIGINT) is handler
+    stats = wait_for_baseline(rt, timeout=10)
+    assert stats["pending"] == 0 and stats["backlog"] == 0, stats
+    out = np.zeros(1, np.int64)
+    assert aiogpu.copy(out, counter).wait(10) and out[0] == 5
+
+
+def test_a_handler_installed_during_an_iteration_is_kept(counter_rt, own_handler):
+    rt, counter = counter_rt
+    _, calls = own_handler
+    mine: list = []
+
+    async def main():
+        rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,))
+        signal.signal(signal.SIGINT, recording_handler(mine))     # while ours is still in place
+        fut = rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        current = signal.getsignal(signal.SIGINT)
+        await fut
+        return current
+
+    current = asyncio.run(main())
+    assert getattr(current, "__code__", None) is recording_handler(mine).__code__
+    with pytest.raises(Stop):
+        _thread.interrupt_main()
+        for _ in range(100):
+            pass
+    assert mine == [signal.SIGINT] and calls == []

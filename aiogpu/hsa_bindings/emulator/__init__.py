@@ -117,7 +117,7 @@ def hsa_function(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def guarded(self: "EmulatedLibrary", *args: Any) -> Any:
-        held = None if interruptible else _interrupts.hold()
+        held = False if interruptible else _interrupts.hold()
         try:
             if name not in _NO_INIT_CHECK and self._state is None:
                 raise StatusError(T.HSA_STATUS_ERROR_NOT_INITIALIZED, "hsa_init has not been called")
@@ -134,8 +134,8 @@ def hsa_function(method: Callable) -> Callable:
             _raise_in_caller(exc)
             return self._interrupted(name, args, default)
         finally:
-            if held is not None:
-                _release(held)
+            if held:
+                _release()
 
     _GUARDS.add(guarded.__code__)
     return guarded
@@ -157,11 +157,12 @@ def _raise_in_caller(exc: BaseException) -> None:
     _interrupts.run_in_caller(throw, _in_guard)
 
 
-def _release(held: Callable) -> None:
+def _release() -> None:
     """End a hold: a SIGINT that came during the call is handled in the caller."""
     try:
-        if _interrupts.release(held):
-            _interrupts.run_in_caller(lambda: held(_interrupts.SIGINT, None), _in_guard)
+        handler = _interrupts.release()
+        if handler is not None:
+            _interrupts.run_in_caller(lambda: handler(_interrupts.SIGINT, None), _in_guard)
     except BaseException as exc:          # a SIGINT just after the hold ended
         _raise_in_caller(exc)
 
