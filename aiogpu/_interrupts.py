@@ -14,8 +14,13 @@ still installed changes nothing but what ``signal.getsignal`` returns. That lets
 keep it for the rest of a loop iteration: swapping handlers is a ``sigaction`` system call each
 way (about 1.5 us per operation on the H200 before), so on a running asyncio loop the original
 handler goes back once per iteration (a ``call_soon``), not once per operation. In synchronous
-code it goes back when the outermost hold ends, as before. A handler installed by someone else
-meanwhile is never replaced: it is simply not ``_record`` any more.
+code, and where the original is Python's default handler, it goes back when the outermost hold
+ends, as before. A handler installed by someone else meanwhile is never replaced: it is simply
+not ``_record`` any more. (Under ``asyncio.run`` the original is asyncio's own handler, which
+``asyncio.Runner`` swaps back for the default one when the run ends. If a run's last iteration
+submits work in a done-callback, so that the loop stops with the restore still queued, the
+forwarding ``_record`` stays until the next hold ends outside a loop; asyncio then leaves it:
+later Ctrl-Cs behave as in that run, where the first one would cancel its finished main task.)
 
 Only the main thread runs signal handlers; elsewhere, and where SIGINT has no Python-level handler,
 nothing is held. Holds nest. This module imports nothing from aiogpu: the runtime's lock and the
@@ -39,7 +44,7 @@ _MAIN = threading.main_thread().ident
 _depth = 0                          # holds in progress
 _saved: Callable | None = None      # the handler ``_record`` stands in for, while installed
 _arrived = False                    # a SIGINT came during the current outermost hold
-_restore_queued = False             # ``_restore`` is queued on the running loop
+_restore_on: Any = None             # the loop that ``_restore`` was last queued on
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
@@ -71,7 +76,7 @@ def _enter() -> None:
 def _exit() -> Callable | None:
     """End a hold on the main thread; the handler to run now if a SIGINT came during the
     outermost hold (the caller runs it: it raises, by default), else None."""
-    global _depth, _arrived, _restore_queued
+    global _depth, _arrived, _restore_on
     _depth -= 1
     if _depth:
         return None
@@ -81,23 +86,25 @@ def _exit() -> Callable | None:
         _uninstall()
         return previous
     if _saved is not None:
-        loop = _running_loop()
+        # Python's default handler is never left in place: asyncio.Runner installs its own
+        # only over that one, and a loop that stops right after this iteration (its restore
+        # still queued) must not change what the next ``asyncio.run`` does on Ctrl-C.
+        loop = _running_loop() if _saved is not _signal.default_int_handler else None
         if loop is None:
             _uninstall()
-        elif not _restore_queued:      # on a loop: once the iteration's other callbacks ran
-            _restore_queued = True
+        elif _restore_on is not loop:  # on a loop: once this iteration's callbacks have run
             try:
                 loop.call_soon(_restore)
+                _restore_on = loop
             except RuntimeError:       # (a closed loop)
-                _restore_queued = False
                 _uninstall()
     return None
 
 
 def _restore() -> None:
     """On the loop, between callbacks (never inside a hold): the original handler goes back."""
-    global _restore_queued
-    _restore_queued = False
+    global _restore_on
+    _restore_on = None
     if _depth == 0:
         _uninstall()
 

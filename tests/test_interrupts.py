@@ -225,3 +225,53 @@ def test_a_handler_installed_during_an_iteration_is_kept(counter_rt, own_handler
         for _ in range(100):
             pass
     assert mine == [signal.SIGINT] and calls == []
+
+
+def test_asyncio_run_gets_the_default_handler_back(counter_rt):
+    rt, counter = counter_rt
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    async def main():
+        return rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,))   # the last step
+
+    fut = asyncio.run(main())
+    assert fut.wait(10)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler   # asyncio.Runner's reset
+
+
+def test_a_loop_closed_with_its_restore_queued_leaves_no_stale_state(counter_rt):
+    rt, counter = counter_rt
+    calls: list = []
+    previous = signal.signal(signal.SIGINT, recording_handler(calls))
+    futs = []
+    try:
+        loop = asyncio.new_event_loop()
+
+        async def main():
+            pass
+
+        task = loop.create_task(main())
+        # Work submitted in the iteration in which run_until_complete stops: the restore it
+        # queues never runs (the loop is closed first).
+        task.add_done_callback(lambda t: futs.append(rt.devices[0].launch(bump, grid=(1,), block=(1,),
+                                                                          args=(counter,))))
+        loop.run_until_complete(task)
+        loop.close()
+        with pytest.raises(Stop):            # whatever is installed still runs the test's handler
+            _thread.interrupt_main()
+            for _ in range(100):
+                pass
+        assert calls == [signal.SIGINT]
+        futs.append(rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,)))   # no loop
+        assert getattr(signal.getsignal(signal.SIGINT), "__code__", None) is recording_handler(calls).__code__
+
+        async def again():                   # a later loop queues its own restore
+            futs.append(rt.devices[0].launch(bump, grid=(1,), block=(1,), args=(counter,)))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            return signal.getsignal(signal.SIGINT)
+
+        assert getattr(asyncio.run(again()), "__code__", None) is recording_handler(calls).__code__
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert all(f.wait(10) for f in futs)
