@@ -13,9 +13,10 @@ pass it as ``after=`` so that compute waits on the device, not on the host.
 
 Fresh host arrays (a new array every step, as real loaders make) are not pinned per batch:
 arrays of ``STAGE_MIN`` bytes and more are copied into the runtime's pinned memory off the event
-loop, in ``STAGE_CHUNK`` pieces over ``stage_threads`` worker threads (as PyTorch's
-``pin_memory`` thread does), each piece uploaded as soon as it is staged: staging overlaps the
-uploads, within a batch and across batches. Arrays the
+loop, in ``STAGE_CHUNK`` pieces over the loader's ``stage_threads`` worker threads (as PyTorch's
+``pin_memory`` thread does); the worker that staged a piece submits its upload at once, so
+staging overlaps the uploads, within a batch and across batches, and the loop takes part once
+per batch, not once per piece. Arrays the
 runtime can use in place go as they are: pinned memory (``Buffer.to_numpy`` results) and, on
 CUDA, arrays a cached registration covers; so do arrays the source hands out again (a source
 cycling through a few arrays: pinning each once where it is pays).
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, AsyncIterator, Iterable
 
 import anyio
@@ -84,7 +86,8 @@ class Loader:
             raise ValueError(f"stage_threads must be a positive integer, got {stage_threads!r}")
         self.source, self.devices = source, list(devices)
         self.prefetch, self.ordered = prefetch, ordered
-        self._stagers = anyio.CapacityLimiter(stage_threads)
+        self.stage_threads = stage_threads
+        self._workers: ThreadPoolExecutor | None = None   # the staging threads (on first use)
         self._seen: dict[int, weakref.ref] = {}   # arrays staged once (by id, while alive)
         self.staged_bytes = 0
         self._pool: dict[tuple[int, int], list[Buffer]] = defaultdict(list)
@@ -117,6 +120,9 @@ class Loader:
                         except Exception:
                             pass
             self._recv.close()
+            if self._workers is not None:    # (idle: the producer waited for its staging)
+                self._workers.shutdown(wait=False)
+                self._workers = None
 
     def __aiter__(self) -> "Loader":
         return self
@@ -183,8 +189,8 @@ class Loader:
             return buf
 
         data = _map_structure(put, host)
-        for buf, arr in fresh:
-            copies.extend(await self._stage_upload(rt, buf, arr))
+        if fresh:
+            copies.extend(await self._stage_uploads(rt, fresh))
         ready = copies[0] if len(copies) == 1 else rt.gather(copies)
         self.batches += 1
         return Batch(self, index, device, data, buffers, ready)
@@ -214,24 +220,31 @@ class Loader:
             if seen is ref:
                 del self._seen[key]
 
-    async def _stage_upload(self, rt: Any, buf: Buffer, arr: np.ndarray) -> list[GPUFuture]:
-        """Copy ``arr`` into pinned memory in ``STAGE_CHUNK`` pieces on ``stage_threads`` worker
-        threads, submitting each piece's upload into ``buf`` as soon as it is staged."""
-        flat = arr.reshape(-1).view(np.uint8)
+    async def _stage_uploads(self, rt: Any, fresh: list[tuple[Buffer, np.ndarray]]) -> list[GPUFuture]:
+        """Copy the ``fresh`` arrays into pinned memory in ``STAGE_CHUNK`` pieces on the staging
+        threads, each worker submitting a piece's upload into its buffer as soon as it has
+        staged it. One hand-off to a thread per batch: with a hop back to the loop per piece,
+        the uploads waited for the loop's turn (0.2-0.3 ms a piece on the H200 while eight
+        staging threads contend for the GIL: half of the batch's time)."""
+        pieces = []
         with rt.lock:
-            staging = rt.pinned.empty(arr.nbytes, np.uint8)
-        uploads: list[GPUFuture] = []
-
-        async def piece(lo: int, hi: int) -> None:
-            await anyio.to_thread.run_sync(np.copyto, staging[lo:hi], flat[lo:hi], limiter=self._stagers)
-            uploads.append(self._started(rt.copy(buf[lo:hi], staging[lo:hi])))
-
-        bounds = list(range(0, arr.nbytes, STAGE_CHUNK)) + [arr.nbytes]
-        async with anyio.create_task_group() as tg:
-            for lo, hi in zip(bounds, bounds[1:]):
-                tg.start_soon(piece, lo, hi)
-        self.staged_bytes += arr.nbytes
-        return uploads
+            for buf, arr in fresh:
+                staging = rt.pinned.empty(arr.nbytes, np.uint8)
+                flat = arr.reshape(-1).view(np.uint8)
+                bounds = list(range(0, arr.nbytes, STAGE_CHUNK)) + [arr.nbytes]
+                pieces += [(buf, flat, staging, lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+        if self._workers is None:
+            self._workers = ThreadPoolExecutor(self.stage_threads, thread_name_prefix="aiogpu-stage")
+        submitted: list[GPUFuture] = []
+        try:
+            await anyio.to_thread.run_sync(_stage_pieces, self._workers, rt, pieces, submitted)
+        finally:
+            # (Also when cancelled: the thread is waited for, and leaving the loader waits
+            # for every upload it submitted.)
+            for fut in submitted:
+                self._started(fut)
+        self.staged_bytes += sum(arr.nbytes for _, arr in fresh)
+        return submitted
 
     def _take(self, device: Any, nbytes: int) -> Buffer:
         # The buffer released longest ago: its consumer's work is the likeliest to be done, so
@@ -246,6 +259,20 @@ class Loader:
         for buf in batch._buffers:
             self._pool[(id(batch.device), buf.nbytes)].append(buf)
         self._slots[id(batch.device)].release()
+
+
+def _stage_pieces(workers: ThreadPoolExecutor, rt: Any, pieces: list, submitted: list) -> None:
+    """On a worker thread: stage ``pieces`` (buffer, flat source, pinned staging, lo, hi) on
+    ``workers``, each piece's upload submitted by the worker that staged it and appended to
+    ``submitted``; waits for all of them, then raises the first failure."""
+    def one(buf: Buffer, flat: np.ndarray, staging: np.ndarray, lo: int, hi: int) -> None:
+        np.copyto(staging[lo:hi], flat[lo:hi])
+        submitted.append(rt.copy(buf[lo:hi], staging[lo:hi]))
+
+    jobs = [workers.submit(one, *piece) for piece in pieces]
+    wait(jobs)
+    for job in jobs:
+        job.result()
 
 
 async def aiterate(source: Any) -> AsyncIterator:

@@ -188,3 +188,77 @@ async def test_a_fresh_array_is_uploaded_piece_by_piece_as_it_is_staged(any_rt, 
     assert sorted(sizes) == sorted([1 << 20] * 15 + [n * 4 - (3 << 20)] * 5) and allocated == 1
     for g, e in zip(got, expect):
         np.testing.assert_array_equal(g, e)
+
+
+@pytest.mark.asyncio
+async def test_staging_threads_submit_the_uploads_one_hand_off_per_batch(any_rt, monkeypatch):
+    """The worker that staged a piece submits its upload (the loop is not asked once per
+    piece: that made each upload wait for the loop's turn); one thread hand-off per batch."""
+    import threading
+    from aiogpu import dataloader
+    monkeypatch.setattr(dataloader, "STAGE_CHUNK", 1 << 20)
+    rt_type = type(any_rt)
+    copy, callers = rt_type.copy, []
+
+    def spy_copy(self, dst, src, *a, **kw):
+        callers.append((threading.current_thread() is threading.main_thread(), src.nbytes))
+        return copy(self, dst, src, *a, **kw)
+
+    hops = []
+    run_sync = dataloader.anyio.to_thread.run_sync
+
+    async def spy_hop(fn, *args, **kw):
+        hops.append(fn)
+        return await run_sync(fn, *args, **kw)
+
+    monkeypatch.setattr(rt_type, "copy", spy_copy)
+    monkeypatch.setattr(dataloader.anyio.to_thread, "run_sync", spy_hop)
+    n = (4 << 20) // 4 + 3                                  # 5 pieces, the last one short
+    expect = [np.random.default_rng(20 + i).standard_normal(n).astype(np.float32) for i in range(3)]
+    async with aiogpu.Loader(((e.copy(), e.copy()) for e in expect), any_rt.devices[:1], prefetch=2,
+                             stage_threads=3) as loader:
+        async for b in loader:
+            await b.ready
+            for part in b.data:
+                np.testing.assert_array_equal(await part.to_numpy(np.float32), expect[b.index])
+            b.release()
+    staged = [c for c in callers if c[1] <= 1 << 20]
+    assert len(staged) == 3 * 2 * 5 and not any(main for main, _ in staged)
+    assert len(hops) == 3                     # one per batch (two arrays, ten pieces each)
+
+
+@pytest.mark.parametrize("fail_at", [None, 2])
+def test_leaving_while_staging_waits_for_every_upload_submitted(rt, monkeypatch, fail_at):
+    """The consumer leaves (or a piece's upload fails) while later batches are being staged:
+    every upload a staging thread submitted is tracked and waited for; nothing stays pending."""
+    from aiogpu import dataloader
+    monkeypatch.setattr(dataloader, "STAGE_CHUNK", 1 << 20)
+    started = dataloader.Loader._started
+    tracked: list = []
+    monkeypatch.setattr(dataloader.Loader, "_started", lambda self, f: (tracked.append(f), started(self, f))[1])
+    rt_type, copy, count = type(rt), type(rt).copy, [0]
+
+    def flaky(self, dst, src, *a, **kw):
+        count[0] += 1
+        if count[0] == fail_at:
+            raise RuntimeError("injected upload failure")
+        return copy(self, dst, src, *a, **kw)
+
+    monkeypatch.setattr(rt_type, "copy", flaky)
+    fresh = (np.full((3 << 20) // 4, i, np.float32) for i in range(8))
+
+    async def main():
+        seen = []
+        async with aiogpu.Loader(fresh, rt.devices[:1], prefetch=3, stage_threads=2) as loader:
+            try:
+                async for b in loader:
+                    seen.append(b.index)
+                    break
+            except RuntimeError as e:
+                seen.append(str(e))
+        return seen
+
+    seen = anyio.run(main)
+    assert seen == ([0] if fail_at is None else ["injected upload failure"])
+    assert tracked and all(f.done() for f in tracked)
+    assert rt.hub.pending_count == 0
