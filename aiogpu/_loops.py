@@ -40,44 +40,70 @@ class Callback:
         self.run()
 
 
-class AsyncioPort:
-    """An asyncio (or uvloop) event loop. Awaiters are asyncio futures of that loop.
+# Slots per turn of a loop (an asyncio iteration, a trio batch): a woken task runs in the next
+# turn and may do a request's whole host-side work there; waking hundreds at once would make one
+# long turn in which no timer fires and no socket is read (the loop's lag is the turn's length).
+TURN_BUDGET_S = 0.001          # the turn length the slots aim at (see bench/serve.py)
+SLICE_MIN, SLICE_MAX = 2, 256
+WAKE_SLICE = 8                 # slots at first
+COST_WEIGHT = 0.25             # of the last turn in the moving average of the cost per slot
+BACKLOG_ITERATIONS = 16        # a backlog of awaits gets through in about this many turns
 
-    Posts from any thread go into one queue per loop, drained on the loop (one
-    ``call_soon_threadsafe`` while a drain is scheduled, however many posts arrive). Every
-    aiogpu await that goes on in an iteration of the loop takes one of its ``slice`` *slots*:
-    a task woken from the queue and an await whose result was ready alike; the rest wait, in
-    order, for the next iteration. The slots are ``TURN_BUDGET_S`` over the measured loop
-    time per slot taken (between ``SLICE_MIN`` and ``SLICE_MAX``). A service whose requests
-    each do a few hundred microseconds of host work (on resuming, and on arriving, which the
-    slots hold back in turn) so keeps its loop's iterations, and its timers' lateness, near
-    the budget, while cheap awaits are not slowed down by extra iterations. (trio runs have
-    no slots: ``TrioPort`` wakes every completion in the next batch.)"""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = weakref.ref(loop)
-        self._queue: collections.deque = collections.deque()
-        self._lock = threading.Lock()     # guards the queue's hand-over with ``_scheduled``
-        self._scheduled = False           # a drain is queued on the loop
-        self.slice = WAKE_SLICE           # slots per iteration (adapted)
-        self._used = 0                    # slots taken in this iteration
-        self._marked = False              # ``_new_iteration`` is queued on the loop
-        self._mark = 0.0                  # when it last ran, if in the previous iteration
+class _Slots:
+    """The slot accounting of one event loop, the same for both ports: how many aiogpu awaits
+    may go on in one *turn* of the loop (an asyncio iteration, a trio batch).
+
+    ``slice`` slots per turn, of which ``used`` are taken in the turn being counted. ``slice``
+    is ``TURN_BUDGET_S`` over the loop time per slot taken, a moving average over the last
+    turns (a turn's length over the slots it used: what the resumed tasks cost, and the work
+    they bring in, such as the next requests of the clients they answered), between
+    ``SLICE_MIN`` and ``SLICE_MAX``. Other work in the loop makes that cost look higher; so
+    that it never starves aiogpu's awaits, a backlog still gets through in about
+    ``BACKLOG_ITERATIONS`` turns."""
+
+    __slots__ = ("slice", "used", "_cost", "_floor")
+
+    def __init__(self) -> None:
+        self.slice = WAKE_SLICE
+        self.used = 0
         self._cost = 0.0                  # loop seconds per slot taken (a moving average)
         self._floor = 0                   # slots the current backlog needs at least
 
-    def post(self, awaiters: Batch) -> None:
-        loop = self._loop()
-        if loop is None or loop.is_closed():
-            return
-        if not self._put(awaiters):
-            return
-        try:
-            loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # closed between the check and the call: nothing will run
-            with self._lock:
-                self._queue.clear()
-                self._scheduled = False
+    def take(self) -> bool:
+        """Take a slot of the counted turn; False when none is left."""
+        if self.used >= self.slice:
+            return False
+        self.used += 1
+        return True
+
+    def next_turn(self, seconds: float, used: int, backlog: int) -> None:
+        """A turn in which ``used`` slots went on lasted ``seconds`` (0: not measured), and
+        ``backlog`` awaits still wait: fresh slots for the next one."""
+        if seconds and used:
+            per = seconds / used
+            self._cost = per if not self._cost else self._cost + (per - self._cost) * COST_WEIGHT
+            fit = int(TURN_BUDGET_S / self._cost)
+            self.slice = min(SLICE_MAX, max(SLICE_MIN, fit, self._floor))
+        # (The floor holds while the backlog lasts: it drains at the pace it started with.)
+        self._floor = max(self._floor, backlog // BACKLOG_ITERATIONS) if backlog else 0
+        self.used = 0
+
+
+class _Port:
+    """What the two ports share: the queue of completions (and of awaits waiting for a slot),
+    handed over to drains on the loop, and the loop's slots (``_Slots``)."""
+
+    def __init__(self) -> None:
+        self._queue: collections.deque = collections.deque()
+        self._lock = threading.Lock()     # guards the queue's hand-over with ``_scheduled``
+        self._scheduled = False           # a drain is queued on the loop
+        self._slots = _Slots()
+
+    @property
+    def slice(self) -> int:
+        """Slots per turn of the loop, as adapted so far."""
+        return self._slots.slice
 
     def _put(self, items: Batch, first: bool = False) -> bool:
         """Queue ``items`` (``first``: at the front, in their order); True when the caller
@@ -92,11 +118,45 @@ class AsyncioPort:
             self._scheduled = True
             return True
 
+
+class AsyncioPort(_Port):
+    """An asyncio (or uvloop) event loop. Awaiters are asyncio futures of that loop.
+
+    Posts from any thread go into one queue per loop, drained on the loop (one
+    ``call_soon_threadsafe`` while a drain is scheduled, however many posts arrive). Every
+    aiogpu await that goes on in an iteration of the loop takes one of its ``slice`` *slots*:
+    a task woken from the queue and an await whose result was ready alike; the rest wait, in
+    order, for the next iteration. The slots are ``TURN_BUDGET_S`` over the measured loop
+    time per slot taken (between ``SLICE_MIN`` and ``SLICE_MAX``). A service whose requests
+    each do a few hundred microseconds of host work (on resuming, and on arriving, which the
+    slots hold back in turn) so keeps its loop's iterations, and its timers' lateness, near
+    the budget, while cheap awaits are not slowed down by extra iterations. (trio runs have
+    no slots: ``TrioPort`` wakes every completion in the next batch.)"""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        super().__init__()
+        self._loop = weakref.ref(loop)
+        self._marked = False              # ``_new_iteration`` is queued on the loop
+        self._mark = 0.0                  # when it last ran, if in the previous iteration
+
+    def post(self, awaiters: Batch) -> None:
+        loop = self._loop()
+        if loop is None or loop.is_closed():
+            return
+        if not self._put(awaiters):
+            return
+        try:
+            loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # closed between the check and the call: nothing will run
+            with self._lock:
+                self._queue.clear()
+                self._scheduled = False
+
     def _drain(self) -> None:
         """On the loop: wake as many as the next iteration has slots for."""
         queue = self._queue
         with self._lock:
-            batch = [queue.popleft() for _ in range(min(self.slice, len(queue)))]
+            batch = [queue.popleft() for _ in range(min(self._slots.slice, len(queue)))]
             more = self._scheduled = bool(queue)
         loop = asyncio.get_running_loop()
         self._count(loop)
@@ -120,10 +180,9 @@ class AsyncioPort:
         """On the loop: may an await go on in this iteration (a slot taken)? ``woken``: its
         task was woken from the queue (else its result was ready, and it must not overtake
         the tasks queued)."""
-        if (self._queue and not woken) or self._used >= self.slice:
+        if (self._queue and not woken) or not self._slots.take():
             return False
         self._count(asyncio.get_running_loop())
-        self._used += 1
         return True
 
     def _count(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -134,23 +193,12 @@ class AsyncioPort:
 
     def _new_iteration(self) -> None:
         """Early in each iteration while the port is busy (queued before the tasks a drain
-        woke in the last one): fresh slots. Their number is the budget over the loop time per
-        slot taken, averaged over the last iterations (an iteration's length over the slots
-        it used: what the resumed tasks cost, and the work they bring in, such as the next
-        requests of the clients they answered). Other work in the loop makes that cost look
-        higher; so that it never starves aiogpu's awaits, any backlog still gets through in
-        about ``BACKLOG_ITERATIONS`` iterations."""
+        woke in the last one): fresh slots (``_Slots.next_turn``), the last iteration measured
+        from this call to the next."""
         now = time.perf_counter()
-        if self._mark and self._used:
-            per = (now - self._mark) / self._used
-            self._cost = per if not self._cost else self._cost + (per - self._cost) * COST_WEIGHT
-            fit = int(TURN_BUDGET_S / self._cost)
-            self.slice = min(SLICE_MAX, max(SLICE_MIN, fit, self._floor))
-        # (The floor holds while the backlog lasts: it drains at the pace it started with.)
-        self._floor = max(self._floor, len(self._queue) // BACKLOG_ITERATIONS) if self._queue else 0
-        busy = self._used or self._queue
-        self._used = 0
-        if busy:                           # measure the next iteration too
+        used = self._slots.used
+        self._slots.next_turn(now - self._mark if self._mark else 0.0, used, len(self._queue))
+        if used or self._queue:            # measure the next iteration too
             self._mark = now
             asyncio.get_running_loop().call_soon(self._new_iteration)
         else:
@@ -190,16 +238,6 @@ class AsyncioPort:
             if not fut.done() and not loop.is_closed():
                 fut.cancel()
             unregister(fut)
-
-
-# Slots per loop iteration (see AsyncioPort): a woken task runs in the next iteration and may do
-# a request's whole host-side work there; waking hundreds at once would make one long iteration
-# in which no timer fires and no socket is read (the loop's lag is the iteration's length).
-TURN_BUDGET_S = 0.001          # the iteration length the slots aim at (see bench/serve.py)
-SLICE_MIN, SLICE_MAX = 2, 256
-WAKE_SLICE = 8                 # slots at first
-COST_WEIGHT = 0.25             # of the last iteration in the moving average of the cost per slot
-BACKLOG_ITERATIONS = 16        # a backlog of awaits gets through in about this many iterations
 
 
 class TrioPort:
