@@ -2,13 +2,16 @@
 
 A *port* is one event loop. The waiter thread hands each port a batch of completions with one
 thread-safe call per wake-up (``post``), never one call per future. A batch holds awaiters
-(parked tasks) and ``Callback`` items (done-callbacks); the loop runs through all of it, and a
-callback that raises stops nothing else: on asyncio its exception goes to the loop's exception
-handler, as for any asyncio callback; on trio, which has no such handler, it is logged on the
-``aiogpu`` logger. KeyboardInterrupt and SystemExit from a callback propagate (asyncio: out of the
-loop, as asyncio does), after the rest of the batch has been handed to the loop again.
-Posting to a loop that has closed, or a trio run that has finished, is dropped silently: the
-waiter thread never raises.
+(parked tasks) and ``Callback`` items (done-callbacks). Both ports hand them on a few per turn
+of the loop (an asyncio iteration, a trio batch): every aiogpu await that goes on in a turn
+takes one of its *slots* (``_Slots``), so that a burst of completions never makes one long turn
+(see ``AsyncioPort`` and ``TrioPort``). A callback that raises stops nothing else: on asyncio
+its exception goes to the loop's exception handler, as for any asyncio callback; on trio, which
+has no such handler, it is logged on the ``aiogpu`` logger. KeyboardInterrupt and SystemExit
+from a callback propagate (asyncio: out of the loop, as asyncio does; trio: as its run's
+``TrioInternalError``, trio's way with a failing ``run_sync_soon`` callback), after the rest of
+the batch has been handed to the loop again. Posting to a loop that has closed, or a trio run
+that has finished, is dropped silently: the waiter thread never raises.
 """
 from __future__ import annotations
 
@@ -130,8 +133,8 @@ class AsyncioPort(_Port):
     time per slot taken (between ``SLICE_MIN`` and ``SLICE_MAX``). A service whose requests
     each do a few hundred microseconds of host work (on resuming, and on arriving, which the
     slots hold back in turn) so keeps its loop's iterations, and its timers' lateness, near
-    the budget, while cheap awaits are not slowed down by extra iterations. (trio runs have
-    no slots: ``TrioPort`` wakes every completion in the next batch.)"""
+    the budget, while cheap awaits are not slowed down by extra iterations. (``TrioPort``
+    has the same slots per trio batch.)"""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         super().__init__()
@@ -240,68 +243,177 @@ class AsyncioPort(_Port):
             unregister(fut)
 
 
-class TrioPort:
-    """A trio run. Awaiters are trio tasks parked with ``wait_task_rescheduled``."""
+class _TrioAwaiter:
+    """A trio task parked in ``wait_task_rescheduled`` until a drain hands it on; ``done`` once
+    handed on, or cancelled (a drain then skips it)."""
+
+    __slots__ = ("task", "done")
+
+    def __init__(self, task: Any):
+        self.task, self.done = task, False
+
+
+class TrioPort(_Port):
+    """A trio run. Awaiters are trio tasks parked with ``wait_task_rescheduled``.
+
+    The slots of ``AsyncioPort``, per *batch*: trio runs the tasks runnable when a batch
+    starts in that batch, and a task rescheduled during it in the next. Posts from any thread
+    go into one queue per run, drained by ``run_sync_soon`` callbacks (in the run's system
+    task). Every aiogpu await that goes on in a batch takes one of its ``slice`` slots, in
+    the batch before, as its task is rescheduled into it: a drain hands on a completion (wakes
+    its task, or runs a done-callback) only while the next batch has a slot left, and an await
+    whose result was ready is a checkpoint into the next batch only while it has a slot left
+    and no one waits in line. The rest wait, in order, for later batches. A task waiting for a
+    slot is cancellable there: it raises ``Cancelled`` alone, and its place goes to the next in
+    line. The slots per batch adapt as ``AsyncioPort``'s per iteration (``_Slots``): the port
+    is a trio instrument of its run, measuring each batch in which slots went on."""
 
     def __init__(self, token: Any):
+        import trio
+
+        super().__init__()
         self._token = token
+        self._lowlevel = trio.lowlevel
+        self._finished = trio.RunFinishedError
+        self._running = 0                 # slots of the batch under way (taken in the last)
+        self._began = 0.0                 # when that batch began, if it is measured
+        self._ended = 0.0                 # when the last measured batch ended
+        # Two hook calls per turn of the run, from now until it ends: cheaper than adding and
+        # removing an instrument as the port turns busy and idle (``add_instrument`` reads the
+        # instrument's whole ``dir()``, and takes the hooks found there: an instrument need
+        # not subclass ``trio.abc.Instrument``, which this module cannot import up front).
+        trio.lowlevel.add_instrument(self)  # type: ignore[arg-type]
 
     def post(self, awaiters: Batch) -> None:
-        import trio
+        if self._put(awaiters) and not self._drain_soon():
+            with self._lock:              # the run has finished: nothing will run
+                self._queue.clear()
+                self._scheduled = False
 
+    def _drain_soon(self) -> bool:
+        """Queue a drain on the run; False when the run has finished.
+
+        Queued from a ``run_sync_soon`` callback (a drain), it runs in the system task's next
+        pass, in the next batch: trio's ``EntryQueue.task`` (trio/_core/_entry_queue.py) runs,
+        in one pass, the callbacks queued when the pass began (``run_all_bounded``), then
+        checkpoints when more were queued meanwhile."""
         try:
-            self._token.run_sync_soon(_wake_trio, awaiters)
-        except trio.RunFinishedError:
-            pass
+            self._token.run_sync_soon(self._drain)
+        except self._finished:
+            return False
+        return True
+
+    def _drain(self) -> None:
+        """In the run's system task: hand on as many completions as the next batch has slots
+        left; a drain in the next batch goes on with the rest."""
+        queue, slots, items = self._queue, self._slots, []
+        with self._lock:
+            while queue and slots.used < slots.slice:
+                item = queue.popleft()
+                if type(item) is Callback or not item.done:  # (a cancelled task: no slot)
+                    slots.used += 1
+                    items.append(item)
+            more = self._scheduled = bool(queue)
+        if more and not self._drain_soon():
+            # The system task's last pass, as the run ends: no batch comes after it.
+            with self._lock:
+                items.extend(queue)
+                queue.clear()
+                self._scheduled = False
+        self._hand_on(items)
+
+    def _hand_on(self, items: Batch) -> None:
+        reschedule = self._lowlevel.reschedule
+        for i, item in enumerate(items):
+            if type(item) is Callback:
+                try:
+                    item.run()
+                except (SystemExit, KeyboardInterrupt):
+                    self._requeue(items[i + 1:])
+                    raise
+                except BaseException:
+                    log.exception("exception in GPUFuture done-callback %r", item.fn)
+            elif not item.done:           # (not cancelled by a callback before it)
+                item.done = True
+                reschedule(item.task)
+
+    def _requeue(self, rest: Batch) -> None:
+        """The items after a callback that raised KeyboardInterrupt: first in line again.
+        (trio makes the exception of a ``run_sync_soon`` callback a ``TrioInternalError`` of
+        the run and ends it; the drains of the system task's remaining passes, the last one
+        as the run ends, hand the rest on.)"""
+        if self._put(rest, first=True):
+            self._drain_soon()
+
+    def go_on(self, woken: bool = False) -> Generator:
+        """An await's last step in the run. ``woken``: a drain woke the task and took its slot
+        then; it goes on. Else its result was ready: a checkpoint (trio's rule: a cancellation
+        point and a schedule point) into the next batch, taking a slot of it, when it has one
+        left and no one waits in line; otherwise a wait in line until a drain hands it on."""
+        if woken:
+            return
+        if not self._queue and self._slots.take():
+            yield from self._lowlevel.checkpoint().__await__()
+            return
+        awaiter = _TrioAwaiter(self._lowlevel.current_task())
+        if self._put([awaiter]):
+            self._drain_soon()            # (the run is running: it cannot have finished)
+        yield from self._park(awaiter)
 
     def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
-        import trio
+        """Park until a completion is posted and a drain hands it on (its slot taken: the
+        caller's ``go_on(woken=True)`` then has nothing to do)."""
+        awaiter = _TrioAwaiter(self._lowlevel.current_task())
+        register(awaiter)
+        try:
+            yield from self._park(awaiter)
+        finally:
+            unregister(awaiter)
 
-        task = trio.lowlevel.current_task()
-        cell = [task, False]  # [task, woken]
-        register(cell)
+    def _park(self, awaiter: _TrioAwaiter) -> Generator:
+        """Until a drain hands ``awaiter`` on. Cancelled before, it is marked done, so that a
+        drain skips it (no slot taken, no one else's wake-up spent), and raises Cancelled."""
+        lowlevel = self._lowlevel
 
         def abort(_raise_cancel: Any) -> Any:
-            unregister(cell)
-            cell[1] = True
-            return trio.lowlevel.Abort.SUCCEEDED
+            awaiter.done = True
+            return lowlevel.Abort.SUCCEEDED
 
-        try:
-            yield from trio.lowlevel.wait_task_rescheduled(abort).__await__()
-        finally:
-            unregister(cell)
+        yield from lowlevel.wait_task_rescheduled(abort).__await__()
 
+    # -- the port's trio instrument hooks, called by trio's run loop (``unrolled_run`` in
+    # trio/_core/_run.py) around its I/O wait: ``before_io_wait`` just after a batch has run,
+    # ``after_io_wait`` just before the next is taken from the run queue.
 
-def _wake_trio(batch: Batch) -> None:
-    import trio
+    def after_io_wait(self, _timeout: float) -> None:
+        """A batch begins: the slots taken in the last batch are this one's; fresh slots for
+        the next (``_Slots.next_turn``), the last batch measured if slots went on in it."""
+        slots = self._slots
+        if not (slots.used or self._running):
+            # No slot taken of this batch or the last: nothing to count or measure. (A backlog
+            # posted meanwhile counts from its first drain on, as on asyncio.)
+            self._began = 0.0
+            return
+        now = time.perf_counter()
+        ran, self._running = self._running, slots.used
+        slots.next_turn(self._ended - self._began if self._began else 0.0, ran, len(self._queue))
+        self._began = now
 
-    for i, item in enumerate(batch):
-        if type(item) is Callback:
-            try:
-                item.run()
-            except (SystemExit, KeyboardInterrupt):
-                trio.lowlevel.current_trio_token().run_sync_soon(_wake_trio, batch[i + 1:])
-                raise
-            except BaseException:
-                log.exception("exception in GPUFuture done-callback %r", item.fn)
-        elif not item[1]:
-            item[1] = True
-            trio.lowlevel.reschedule(item[0])
+    def before_io_wait(self, _timeout: float) -> None:
+        """A batch has run (its length excludes the I/O wait: idle time is not a slot's cost)."""
+        if self._began:
+            self._ended = time.perf_counter()
 
 
 def checkpoint() -> Generator:
-    """The schedule point of an await whose result is ready. On trio a checkpoint (a
-    cancellation point and a schedule point: trio's rule for library calls). On asyncio
-    nothing (asyncio has no such rule), unless this loop iteration has no slot left for
-    aiogpu awaits (see ``AsyncioPort``): then a wait for one in a later iteration."""
-    if _in_trio() is not None:
-        import trio
-
-        yield from trio.lowlevel.checkpoint().__await__()
-        return
-    loop = asyncio._get_running_loop()
-    if loop is not None:
-        yield from _asyncio_port(loop).go_on()
+    """The last step of an await whose result is ready: the running loop's ``go_on``. On trio
+    a checkpoint (a cancellation point and a schedule point: trio's rule for library calls)
+    that takes a slot of the next batch, or waits in line for one (see ``TrioPort``). On
+    asyncio nothing (asyncio has no such rule), unless this loop iteration has no slot left
+    for aiogpu awaits (see ``AsyncioPort``): then a wait for one in a later iteration."""
+    port = current_port()
+    if port is not None:
+        yield from port.go_on()
 
 
 _asyncio_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioPort]" = weakref.WeakKeyDictionary()

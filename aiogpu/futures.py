@@ -281,10 +281,10 @@ class GPUFuture(_FutureProtocol):
                 parked = True
         finally:
             hub.awaiting -= 1
-        # On asyncio the task goes on only once admitted in this loop iteration (see
-        # _loops.AsyncioPort): woken from the port's queue, or with its result ready, as an
-        # await of a done future (_loops.checkpoint).
-        if ready or (parked and isinstance(port, _loops.AsyncioPort)):   # (spun: an asyncio port)
+        # The task goes on only once admitted to this turn of the loop (see _loops' ports):
+        # woken from the port's queue (on trio the drain that woke it admitted it), or with
+        # its result ready, as an await of a done future (_loops.checkpoint).
+        if ready or parked:
             yield from port.go_on(woken=parked)
         return self.value if seen else self.result()
 
