@@ -417,7 +417,10 @@ def checkpoint() -> Generator:
 
 
 _asyncio_ports: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncioPort]" = weakref.WeakKeyDictionary()
-_trio_ports: dict[Any, TrioPort] = {}
+# Each trio run's port, in a ``trio.lowlevel.RunVar`` (made once trio runs): it lasts as long as
+# its run, however many runs there are.
+_trio_port_var: Any = None
+_trio_port_var_lock = threading.Lock()
 
 
 def _in_trio() -> Any:
@@ -447,12 +450,7 @@ def current_port() -> AsyncioPort | TrioPort | None:
     """The port of the running event loop, or None in plain synchronous code."""
     token = _in_trio()
     if token is not None:
-        port = _trio_ports.get(token)
-        if port is None:
-            if len(_trio_ports) > 64:  # finished runs: drop their ports
-                _trio_ports.clear()
-            port = _trio_ports[token] = TrioPort(token)
-        return port
+        return _trio_port(token)
     loop = asyncio._get_running_loop()
     if loop is None:
         return None
@@ -469,3 +467,21 @@ def _asyncio_port(loop: asyncio.AbstractEventLoop) -> AsyncioPort:
         asyncio_port = _asyncio_ports[loop] = AsyncioPort(loop)
     _last_port = asyncio_port
     return asyncio_port
+
+
+def _trio_port(token: Any) -> TrioPort:
+    """The port of the trio run whose token is ``token`` (the running one)."""
+    global _trio_port_var
+    var = _trio_port_var
+    if var is None:
+        with _trio_port_var_lock:              # (runs may start in several threads at once)
+            if _trio_port_var is None:
+                import trio
+
+                _trio_port_var = trio.lowlevel.RunVar("aiogpu._loops.port")
+            var = _trio_port_var
+    port = var.get(None)
+    if port is None:
+        port = TrioPort(token)
+        var.set(port)
+    return port

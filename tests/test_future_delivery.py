@@ -600,3 +600,23 @@ def test_the_slots_shrink_while_batches_run_long_on_trio():
     last = seen[-12:]
     assert _per_batch(last) <= _loops.SLICE_MIN
     assert _per_batch(seen) <= _loops.WAKE_SLICE
+
+
+def test_a_trio_run_keeps_its_port_however_many_runs_there_are():
+    """A trio run's port (its queue, its slots) is the same object for as long as the run
+    lasts, with 80 runs going on at once in as many threads."""
+    from aiogpu import _loops
+    runs, same = 80, []
+    started = threading.Barrier(runs)
+
+    async def main() -> None:
+        first = _loops.current_port()
+        started.wait(30)                            # every run has its port now
+        same.append(_loops.current_port() is first)
+
+    threads = [threading.Thread(target=trio.run, args=(main,)) for _ in range(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert same == [True] * runs
