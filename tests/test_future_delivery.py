@@ -1,6 +1,6 @@
 """How completions reach awaiters and done-callbacks: one batch per loop, each callback on its
-own (a raising callback stops nothing else), a half-imported trio, closed loops, and trio's
-checkpoint rule."""
+own (a raising callback stops nothing else), the slots of a turn of the loop (an asyncio
+iteration, a trio batch), a half-imported trio, closed loops, and trio's checkpoint rule."""
 from __future__ import annotations
 
 import asyncio
