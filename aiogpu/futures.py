@@ -251,9 +251,10 @@ class GPUFuture(_FutureProtocol):
 
         Under trio every await is a checkpoint, also of a future that is already done (trio's
         rule for library calls: a cancellation point and a schedule point). Under asyncio a
-        done future returns at once, as an asyncio future does, unless many awaits have gone
-        on in this loop iteration already (``_loops.checkpoint``: the loop's iterations stay
-        short when a burst of requests finds its GPU work done)."""
+        done future returns at once, as an asyncio future does. On both, an await goes on only
+        with a slot of the loop's turn (an asyncio iteration, a trio batch), else in a later
+        turn (``_loops.checkpoint`` and the ports: the loop's turns stay short when a burst of
+        completions arrives, or a burst of requests finds its GPU work done)."""
         if self._state != PENDING:
             yield from _loops.checkpoint()
             return self.result()
@@ -281,10 +282,10 @@ class GPUFuture(_FutureProtocol):
                 parked = True
         finally:
             hub.awaiting -= 1
-        # On asyncio the task goes on only once admitted in this loop iteration (see
-        # _loops.AsyncioPort): woken from the port's queue, or with its result ready, as an
-        # await of a done future (_loops.checkpoint).
-        if ready or (parked and isinstance(port, _loops.AsyncioPort)):   # (spun: an asyncio port)
+        # The task goes on only once admitted to this turn of the loop (see _loops' ports):
+        # woken from the port's queue (on trio the drain that woke it admitted it), or with
+        # its result ready, as an await of a done future (_loops.checkpoint).
+        if ready or parked:
             yield from port.go_on(woken=parked)
         return self.value if seen else self.result()
 

@@ -129,3 +129,20 @@ class Ticks:
         self.n += 1
         if not self._stopped:
             self._loop.call_soon(self._tick)
+
+
+class Batches:
+    """Counts a trio run's scheduler batches, trio's analogue of a loop iteration: an
+    instrument whose ``after_io_wait`` hook runs once before each batch is taken from the run
+    queue (trio's ``unrolled_run``), so every task of one batch reads the same ``n``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def start(self) -> None:
+        import trio
+
+        trio.lowlevel.add_instrument(self)
+
+    def after_io_wait(self, _timeout: float) -> None:
+        self.n += 1

@@ -1,6 +1,6 @@
 """How completions reach awaiters and done-callbacks: one batch per loop, each callback on its
-own (a raising callback stops nothing else), a half-imported trio, closed loops, and trio's
-checkpoint rule."""
+own (a raising callback stops nothing else), the slots of a turn of the loop (an asyncio
+iteration, a trio batch), a half-imported trio, closed loops, and trio's checkpoint rule."""
 from __future__ import annotations
 
 import asyncio
@@ -14,9 +14,10 @@ import types
 
 import pytest
 import trio
+import trio.testing
 
 from aiogpu.futures import FutureHub, GPUFuture
-from backends import Ticks
+from backends import Batches, Ticks
 
 
 class ManualHub(FutureHub):
@@ -352,3 +353,272 @@ def test_awaiting_a_done_future_is_a_trio_checkpoint():
 
     trio.run(main)
     assert len(seen) == 1 and seen[0] >= 25, seen
+
+
+# -- trio: the slots of a batch ------------------------------------------------------------------
+# trio runs the tasks runnable at the start of a batch in that batch, in an order of its own
+# choosing; a task woken (rescheduled) during a batch runs in the next. A batch is trio's loop
+# iteration: ``Batches`` counts them, as ``Ticks`` counts asyncio's.
+
+def _per_batch(at: list[int]) -> int:
+    """The most entries of ``at`` (batch numbers) that fall in one batch."""
+    return max(at.count(n) for n in set(at))
+
+
+def test_a_large_post_is_woken_in_slices_on_trio(monkeypatch):
+    """200 tasks parked on their own futures, all completed in one post: at most WAKE_SLICE
+    of them wake per batch, in completion order batch by batch (within a batch trio orders
+    the tasks as it likes); none is lost."""
+    fixed_slice(monkeypatch, 8)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 201)]
+    batches, seen = Batches(), []
+
+    async def task(i: int) -> None:
+        await futs[i]
+        seen.append((batches.n, i))
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(200):
+                    nursery.start_soon(task, i)
+                await trio.testing.wait_all_tasks_blocked()
+                batches.start()
+                hub.complete(*futs)
+
+    trio.run(main)
+    at = [n for n, _ in sorted(seen, key=lambda s: s[1])]
+    assert len(seen) == 200
+    assert _per_batch(at) <= 8 and len(set(at)) >= 25
+    assert at == sorted(at)                          # in completion order
+
+
+def test_completions_posted_separately_are_woken_in_slices_on_trio(monkeypatch):
+    """The slice bounds the wake-ups of a batch, not of a post: 64 futures completed one at a
+    time (64 posts before the run goes on) still wake at most WAKE_SLICE tasks per batch, in
+    completion order."""
+    fixed_slice(monkeypatch, 8)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 65)]
+    batches, seen = Batches(), []
+
+    async def task(i: int) -> None:
+        await futs[i]
+        seen.append((batches.n, i))
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(64):
+                    nursery.start_soon(task, i)
+                await trio.testing.wait_all_tasks_blocked()
+                batches.start()
+                for f in futs:                       # 64 posts, the run blocked meanwhile
+                    hub.complete(f)
+
+    trio.run(main)
+    at = [n for n, _ in sorted(seen, key=lambda s: s[1])]
+    assert len(seen) == 64
+    assert _per_batch(at) <= 8 and at == sorted(at)
+
+
+def test_awaits_of_done_futures_take_slots_of_the_batch_on_trio(monkeypatch):
+    """64 tasks awaiting futures that are done already: at most WAKE_SLICE of them go on per
+    batch (each await a checkpoint still), none lost."""
+    fixed_slice(monkeypatch, 8)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 65)]
+    hub.complete(*futs)
+    batches, seen = Batches(), []
+
+    async def task(i: int) -> None:
+        await futs[i]
+        seen.append((batches.n, i))
+
+    async def main() -> None:
+        batches.start()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(64):
+                    nursery.start_soon(task, i)
+
+    trio.run(main)
+    at = [n for n, _ in seen]
+    assert sorted(i for _, i in seen) == list(range(64))
+    assert _per_batch(at) <= 8 and len(set(at)) >= 8
+
+
+def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going_on_trio(monkeypatch):
+    """One slot per batch: tasks awaiting done futures wait in line for slots; cancelling one
+    of them raises Cancelled in it alone, and every other task still goes on."""
+    fixed_slice(monkeypatch, 1)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 17)]
+    hub.complete(*futs)
+    scopes = [trio.CancelScope() for _ in range(16)]
+    got: list[int] = []
+
+    async def task(i: int) -> None:
+        with scopes[i]:
+            await futs[i]
+            got.append(i)
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(16):
+                    nursery.start_soon(task, i)
+                while not got:                       # the first went on: the rest wait in line
+                    await trio.sleep(0)
+                # Cancelled a batch or two later, the task in the middle of the line (trio may
+                # have run the tasks in either order when they lined up) waits for its slot still.
+                scopes[8].cancel()
+
+    trio.run(main)
+    assert scopes[8].cancelled_caught
+    assert sorted(got) == [i for i in range(16) if i != 8]
+
+
+def test_a_woken_task_cancelled_before_its_slot_takes_no_one_elses_wakeup_on_trio(monkeypatch):
+    """One slot per batch: eight tasks parked on eight futures completed in one post go on one
+    per batch; one cancelled after its completion was posted but before its turn raises
+    Cancelled alone, and the wake-ups of the others all arrive, in completion order."""
+    fixed_slice(monkeypatch, 1)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 9)]
+    scopes = [trio.CancelScope() for _ in range(8)]
+    got: list[int] = []
+
+    async def task(i: int) -> None:
+        with scopes[i]:
+            await futs[i]
+            got.append(i)
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for i in range(8):
+                    nursery.start_soon(task, i)
+                await trio.testing.wait_all_tasks_blocked()
+                hub.complete(*futs)
+                while not got:
+                    await trio.sleep(0)
+                scopes[4].cancel()
+
+    trio.run(main)
+    assert scopes[4].cancelled_caught
+    assert got == [0, 1, 2, 3, 5, 6, 7]
+
+
+def test_done_callbacks_take_slots_and_a_raising_one_stops_none_on_trio(monkeypatch, caplog):
+    """64 done-callbacks completed in one post run at most WAKE_SLICE per batch; one that
+    raises is logged on the ``aiogpu`` logger and the others all run."""
+    fixed_slice(monkeypatch, 8)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 65)]
+    batches, ran = Batches(), []
+
+    def record(fut: GPUFuture) -> None:
+        if fut is futs[10]:
+            raise ZeroDivisionError
+        ran.append(batches.n)
+
+    async def main() -> None:
+        batches.start()
+        for f in futs:
+            f.add_done_callback(record)
+        hub.complete(*futs)
+        with trio.fail_after(10):
+            while len(ran) < 63:
+                await trio.sleep(0)
+
+    with caplog.at_level(logging.ERROR, logger="aiogpu"):
+        trio.run(main)
+    assert len(ran) == 63 and _per_batch(ran) <= 8
+    assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [ZeroDivisionError]
+
+
+def _raised(exc: BaseException | None, kind: type) -> bool:
+    """``kind`` is ``exc``, or is among its causes, contexts or groups."""
+    if exc is None:
+        return False
+    if isinstance(exc, kind):
+        return True
+    inner = list(getattr(exc, "exceptions", ()))
+    return any(_raised(e, kind) for e in [exc.__cause__, exc.__context__, *inner])
+
+
+def test_keyboard_interrupt_from_a_callback_propagates_after_the_rest_is_handed_on_on_trio(monkeypatch):
+    """A done-callback raising KeyboardInterrupt ends the run with it (trio reports an
+    exception from its system task as TrioInternalError, the KeyboardInterrupt within), and
+    the 20 callbacks completed after it, in the same post, still run."""
+    fixed_slice(monkeypatch, 2)
+    hub = ManualHub()
+    futs = [hub.new(k) for k in range(1, 22)]
+    ran = []
+
+    def interrupt(_fut: GPUFuture) -> None:
+        raise KeyboardInterrupt
+
+    async def main() -> None:
+        futs[0].add_done_callback(interrupt)
+        for f in futs[1:]:
+            f.add_done_callback(ran.append)
+        hub.complete(*futs)
+        await trio.sleep(5)
+
+    with pytest.raises(BaseException) as info:
+        trio.run(main)
+    assert _raised(info.value, KeyboardInterrupt)
+    assert ran == futs[1:]
+
+
+def test_the_slots_shrink_while_batches_run_long_on_trio():
+    """Tasks that each do 1 ms of host work on waking: the slots per batch fall to what fits
+    the budget (SLICE_MIN, the least), and at the end at most that many wake per batch."""
+    from aiogpu import _loops
+    hub = ManualHub()
+    fut = hub.new(1)
+    batches, seen, slices = Batches(), [], []
+
+    async def task() -> None:
+        await fut
+        seen.append(batches.n)
+        time.sleep(0.001)
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for _ in range(48):
+                    nursery.start_soon(task)
+                await trio.testing.wait_all_tasks_blocked()
+                batches.start()
+                hub.complete(fut)
+            slices.append(_loops.current_port().slice)
+
+    trio.run(main)
+    assert slices == [_loops.SLICE_MIN]
+    last = seen[-12:]
+    assert _per_batch(last) <= _loops.SLICE_MIN
+    assert _per_batch(seen) <= _loops.WAKE_SLICE
+
+
+def test_a_trio_run_keeps_its_port_however_many_runs_there_are():
+    """A trio run's port (its queue, its slots) is the same object for as long as the run
+    lasts, with 80 runs going on at once in as many threads."""
+    from aiogpu import _loops
+    runs, same = 80, []
+    started = threading.Barrier(runs)
+
+    async def main() -> None:
+        first = _loops.current_port()
+        started.wait(30)                            # every run has its port now
+        same.append(_loops.current_port() is first)
+
+    threads = [threading.Thread(target=trio.run, args=(main,)) for _ in range(runs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert same == [True] * runs
