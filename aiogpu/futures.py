@@ -68,7 +68,7 @@ class GPUFuture(_FutureProtocol):
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "keep", "members", "__weakref__")
+                 "lane", "submitted_at", "keep", "members", "waited", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub: Any = hub    # (None only for futures settled at creation)
@@ -100,11 +100,17 @@ class GPUFuture(_FutureProtocol):
         self.submitted_at = time.monotonic()
         self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
+        self.waited = False               # someone waits for it: the waiter wakes for it (hub.arm)
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
         """True once the work has completed or failed."""
         return self._state != PENDING
+
+    def submitted_work(self) -> "GPUFuture | None":
+        """The future of the device work behind this one: itself (deferred work: what it was
+        submitted as, None until then; see ``deferred``)."""
+        return self
 
     def result(self) -> Any:
         """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError.
@@ -418,8 +424,8 @@ class FutureHub:
     failed, the watchdog; while such an item waits, later completions queue behind it rather
     than settle ahead of it.
 
-    A subclass implements ``wake``, ``_run`` (the waiter thread's loop) and ``release_key``
-    (recycle a completion object).
+    A subclass implements ``wake``, ``_wake_for`` (its means of arming), ``_run`` (the waiter
+    thread's loop) and ``release_key`` (recycle a completion object).
     """
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
@@ -473,8 +479,9 @@ class FutureHub:
     def poll(self) -> None:
         """Observe completions now, on the calling thread (where the backend can; else no-op)."""
 
-    def arm(self, fut: GPUFuture) -> None:
-        """``fut`` is about to be waited for off the loop: make sure a wake-up follows it."""
+    def _wake_for(self, fut: GPUFuture) -> None:
+        """Make sure the waiter is woken when ``fut`` (pending device work that ``arm`` just
+        marked waited) completes."""
 
     def spin_await(self, fut: GPUFuture):
         """What an asyncio ``await`` does before parking (a generator; default: ``spin``). It
@@ -491,6 +498,30 @@ class FutureHub:
         self.stop()
 
     # -- used by the layers above --------------------------------------------------------------
+    def arm(self, fut: GPUFuture) -> None:
+        """Someone waits for ``fut``: a task parked on it (on any loop), a done-callback, a
+        thread in ``wait()``, a TaskGroup waiting for its work before it exits, or host work
+        that must follow its completion (a queue's back-log, the retirement of a failed future,
+        deferred work mirroring it). From now on the waiter is woken when it completes, rather
+        than finding it at its next periodic scan.
+
+        The one rule of who is waited for, for every backend (``_wake_for`` is each one's
+        means). Safe from any thread, without the lock. Call it *before* the registration that
+        wants the wake-up: a completion in between is not lost, because the waiter rescans all
+        pending work after every wake-up and a registration on a settled future fires at once.
+        Deferred work arms the work it was submitted as: now, or at its submission
+        (``deferred.adopt`` reads ``waited``, which is set here before the submitted work is
+        read, so one of the two sees the other)."""
+        if fut.waited:
+            return
+        fut.waited = True
+        work = fut.submitted_work()
+        if work is fut:
+            if fut._state == PENDING:
+                self._wake_for(fut)
+        elif work is not None:
+            self.arm(work)
+
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching a pending future whose ``signal`` is set (call under lock)."""
         scope = submission_scope.get()
@@ -542,6 +573,7 @@ class FutureHub:
         fut._retiring = True
         for p in waiting:
             p.on_retired(one_retired)
+            self.arm(p)           # the host acts on their retirement: wake for it
 
     def _force_retire(self, fut: GPUFuture) -> None:
         if not fut.retired:
