@@ -424,6 +424,11 @@ class FutureHub:
     failed, the watchdog; while such an item waits, later completions queue behind it rather
     than settle ahead of it.
 
+    The waiter wakes for the work someone *waits for* (``arm``: a parked awaiter, a
+    done-callback, a thread in ``wait()``, host work that must follow a completion); work nobody
+    waits for is settled and retired by its periodic scan. Either way every wake-up rescans all
+    pending work (level-triggered), so arming late never loses a completion.
+
     A subclass implements ``wake``, ``_wake_for`` (its means of arming), ``_run`` (the waiter
     thread's loop) and ``release_key`` (recycle a completion object).
     """
@@ -442,8 +447,9 @@ class FutureHub:
         self.awaiting = 0            # futures being awaited now (the spin policy reads it)
         self._pending: dict[int, GPUFuture] = {}
         self._events: deque[Callable[[], None]] = deque()
-        self._dirty = True
-        self._woken = False
+        self._dirty = True            # the waiter's wait set is stale (a waited future came or went)
+        self._woken = False           # a wake-up is on its way to the waiter (see _request_wake)
+        self._idle = False            # the waiter sleeps its long guard (see watch)
         self._stop = False
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
@@ -522,16 +528,26 @@ class FutureHub:
         elif work is not None:
             self.arm(work)
 
+    def _request_wake(self) -> None:
+        """Wake the waiter, once until its next scan: that scan (and the wait set it rebuilds
+        first) covers every request made before it."""
+        if not self._woken:
+            self._woken = True
+            self.wake()
+
     def watch(self, fut: GPUFuture) -> GPUFuture:
-        """Start watching a pending future whose ``signal`` is set (call under lock)."""
+        """Start watching a pending future whose ``signal`` is set (call under lock).
+
+        The waiter is not woken for it: its periodic scan finds it, or a wake-up as soon as
+        someone arms it. Except when the waiter sleeps its long guard (nothing pending was left
+        to the scan): then it is woken once, to scan again within the short one."""
         scope = submission_scope.get()
         if scope is not None:
             scope.append(fut)
         self._pending[fut.signal] = fut
-        self._dirty = True
-        if not self._woken:      # one wake-up covers every registration until the next scan
-            self._woken = True
-            self.wake()
+        if self._idle:               # (read after the insert: see CompletionHub._run)
+            self._idle = False
+            self._request_wake()
         return fut
 
     def post_event(self, fn: Callable[[], None]) -> None:
@@ -586,10 +602,18 @@ class FutureHub:
         for key in fut._dep_signals:
             self.release_key(key)
         fut._dep_signals = ()
-        if fut.signal and self._pending.pop(fut.signal, None) is not None:
-            self._dirty = True
+        if fut.signal and fut.signal in self._pending:
+            self._unwatch(fut)
             self.release_key(fut.signal)
         fut.signal, fut.retired = 0, True
+
+    def _unwatch(self, fut: GPUFuture) -> None:
+        """Stop watching ``fut``. The signal of a waited future is in the waiter's wait set:
+        the set is marked stale *before* the future leaves ``_pending`` (the HSA waiter counts
+        ``_pending``, then reads ``_dirty``, to learn whether its wait covers everything)."""
+        if fut.waited:
+            self._dirty = True
+        self._pending.pop(fut.signal, None)
 
     def pending_futures(self) -> list[GPUFuture]:
         with self.lock:
@@ -825,8 +849,8 @@ class FutureHub:
         if fut.retired:
             return
         fut.retired = True
-        if fut.signal and self._pending.pop(fut.signal, None) is not None:
-            self._dirty = True
+        if fut.signal:
+            self._unwatch(fut)
         for fn in fut._cleanup:
             try:
                 fn()
