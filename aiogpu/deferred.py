@@ -52,6 +52,10 @@ class Deferred(GPUFuture):
     def submitted(self) -> bool:
         return self.real is not None
 
+    def submitted_work(self) -> GPUFuture | None:
+        """The work this was submitted as; None until then (and for a compile)."""
+        return self.real
+
 
 def resolve(deps: dict) -> tuple[dict, list]:
     """``deps`` with each submitted Deferred replaced by its submitted work; and the deferred
@@ -202,13 +206,14 @@ def _submit_deferred(rt: Any, fut: Deferred) -> None:
         hub.retire_failed(fut)
         return
     adopt(hub, fut, got)
-    if fut._ports or fut._callbacks or fut._event is not None:
-        hub.arm(got)
 
 
 def adopt(hub: Any, fut: Deferred, got: GPUFuture) -> None:
-    """``fut`` mirrors the submitted ``got``: it settles and retires with it (under the lock)."""
+    """``fut`` mirrors the submitted ``got``: it settles and retires with it (under the lock).
+    If someone waits for ``fut``, the waiter is woken for ``got`` (see ``FutureHub.arm``)."""
     fut.real = got
+    if fut.waited:              # (read after ``real`` is set; arm sets ``waited`` before reading it)
+        hub.arm(got)
     fut.queue, fut.packet, fut.kind, fut.nbytes = got.queue, got.packet, got.kind or "dispatch", got.nbytes
     if got._state != PENDING:
         _mirror(hub, fut, got)

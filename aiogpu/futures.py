@@ -68,7 +68,7 @@ class GPUFuture(_FutureProtocol):
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "keep", "members", "__weakref__")
+                 "lane", "submitted_at", "keep", "members", "waited", "__weakref__")
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub: Any = hub    # (None only for futures settled at creation)
@@ -100,11 +100,17 @@ class GPUFuture(_FutureProtocol):
         self.submitted_at = time.monotonic()
         self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
+        self.waited = False               # someone waits for it: the waiter wakes for it (hub.arm)
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
         """True once the work has completed or failed."""
         return self._state != PENDING
+
+    def submitted_work(self) -> "GPUFuture | None":
+        """The future of the device work behind this one: itself (deferred work: what it was
+        submitted as, None until then; see ``deferred``)."""
+        return self
 
     def result(self) -> Any:
         """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError.
@@ -419,8 +425,13 @@ class FutureHub:
     failed, the watchdog; while such an item waits, later completions queue behind it rather
     than settle ahead of it.
 
-    A subclass implements ``wake``, ``_run`` (the waiter thread's loop) and ``release_key``
-    (recycle a completion object).
+    The waiter wakes for the work someone *waits for* (``arm``: a parked awaiter, a
+    done-callback, a thread in ``wait()``, host work that must follow a completion); work nobody
+    waits for is settled and retired by its periodic scan. Either way every wake-up rescans all
+    pending work (level-triggered), so arming late never loses a completion.
+
+    A subclass implements ``wake``, ``_wake_for`` (its means of arming), ``_run`` (the waiter
+    thread's loop) and ``release_key`` (recycle a completion object).
     """
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
@@ -437,8 +448,9 @@ class FutureHub:
         self.awaiting = 0            # futures being awaited now (the spin policy reads it)
         self._pending: dict[int, GPUFuture] = {}
         self._events: deque[Callable[[], None]] = deque()
-        self._dirty = True
-        self._woken = False
+        self._dirty = True            # the waiter's wait set is stale (a waited future came or went)
+        self._woken = False           # a wake-up is on its way to the waiter (see _request_wake)
+        self._idle = False            # the waiter sleeps its long guard (see watch)
         self._stop = False
         self.wakeups = 0
         self.leaked: list[GPUFuture] = []   # futures the watchdog failed without aborting them
@@ -474,8 +486,9 @@ class FutureHub:
     def poll(self) -> None:
         """Observe completions now, on the calling thread (where the backend can; else no-op)."""
 
-    def arm(self, fut: GPUFuture) -> None:
-        """``fut`` is about to be waited for off the loop: make sure a wake-up follows it."""
+    def _wake_for(self, fut: GPUFuture) -> None:
+        """Make sure the waiter is woken when ``fut`` (pending device work that ``arm`` just
+        marked waited) completes."""
 
     def spin_await(self, fut: GPUFuture):
         """What an asyncio ``await`` does before parking (a generator; default: ``spin``). It
@@ -492,16 +505,50 @@ class FutureHub:
         self.stop()
 
     # -- used by the layers above --------------------------------------------------------------
+    def arm(self, fut: GPUFuture) -> None:
+        """Someone waits for ``fut``: a task parked on it (on any loop), a done-callback, a
+        thread in ``wait()``, a TaskGroup waiting for its work before it exits, or host work
+        that must follow its completion (a queue's back-log, the retirement of a failed future,
+        deferred work mirroring it). From now on the waiter is woken when it completes, rather
+        than finding it at its next periodic scan.
+
+        The one rule of who is waited for, for every backend (``_wake_for`` is each one's
+        means). Safe from any thread, without the lock. Call it *before* the registration that
+        wants the wake-up: a completion in between is not lost, because the waiter rescans all
+        pending work after every wake-up and a registration on a settled future fires at once.
+        Deferred work arms the work it was submitted as: now, or at its submission
+        (``deferred.adopt`` reads ``waited``, which is set here before the submitted work is
+        read, so one of the two sees the other)."""
+        if fut.waited:
+            return
+        fut.waited = True
+        work = fut.submitted_work()
+        if work is fut:
+            if fut._state == PENDING:
+                self._wake_for(fut)
+        elif work is not None:
+            self.arm(work)
+
+    def _request_wake(self) -> None:
+        """Wake the waiter, once until its next scan: that scan (and the wait set it rebuilds
+        first) covers every request made before it."""
+        if not self._woken:
+            self._woken = True
+            self.wake()
+
     def watch(self, fut: GPUFuture) -> GPUFuture:
-        """Start watching a pending future whose ``signal`` is set (call under lock)."""
+        """Start watching a pending future whose ``signal`` is set (call under lock).
+
+        The waiter is not woken for it: its periodic scan finds it, or a wake-up as soon as
+        someone arms it. Except when the waiter sleeps its long guard (nothing pending was left
+        to the scan): then it is woken once, to scan again within the short one."""
         scope = submission_scope.get()
         if scope is not None:
             scope.append(fut)
         self._pending[fut.signal] = fut
-        self._dirty = True
-        if not self._woken:      # one wake-up covers every registration until the next scan
-            self._woken = True
-            self.wake()
+        if self._idle:               # (read after the insert: see CompletionHub._run)
+            self._idle = False
+            self._request_wake()
         return fut
 
     def post_event(self, fn: Callable[[], None]) -> None:
@@ -543,6 +590,7 @@ class FutureHub:
         fut._retiring = True
         for p in waiting:
             p.on_retired(one_retired)
+            self.arm(p)           # the host acts on their retirement: wake for it
 
     def _force_retire(self, fut: GPUFuture) -> None:
         if not fut.retired:
@@ -555,10 +603,18 @@ class FutureHub:
         for key in fut._dep_signals:
             self.release_key(key)
         fut._dep_signals = ()
-        if fut.signal and self._pending.pop(fut.signal, None) is not None:
-            self._dirty = True
+        if fut.signal and fut.signal in self._pending:
+            self._unwatch(fut)
             self.release_key(fut.signal)
         fut.signal, fut.retired = 0, True
+
+    def _unwatch(self, fut: GPUFuture) -> None:
+        """Stop watching ``fut``. The signal of a waited future is in the waiter's wait set:
+        the set is marked stale *before* the future leaves ``_pending`` (the HSA waiter counts
+        ``_pending``, then reads ``_dirty``, to learn whether its wait covers everything)."""
+        if fut.waited:
+            self._dirty = True
+        self._pending.pop(fut.signal, None)
 
     def pending_futures(self) -> list[GPUFuture]:
         with self.lock:
@@ -794,8 +850,8 @@ class FutureHub:
         if fut.retired:
             return
         fut.retired = True
-        if fut.signal and self._pending.pop(fut.signal, None) is not None:
-            self._dirty = True
+        if fut.signal:
+            self._unwatch(fut)
         for fn in fut._cleanup:
             try:
                 fn()

@@ -182,6 +182,7 @@ class AqlQueue:
         for part in self._parts(group):
             if self.backlog or not self._publish(part):
                 self.backlog.append(part)
+        self._wait_for_room()
 
     def drain(self) -> None:
         """Publish back-logged groups while they fit (after packets retired; under lock)."""
@@ -193,6 +194,14 @@ class AqlQueue:
                 self.backlog.popleft()
         finally:
             self._draining = False
+        self._wait_for_room()
+
+    def _wait_for_room(self) -> None:
+        """While groups wait in the back-log, the host waits for this queue's oldest in-flight
+        work: its retirement drains the back-log (``retired``), so the waiter must wake for it
+        rather than find it at its periodic scan (``FutureHub.arm``)."""
+        if self.backlog and self.inflight:
+            self.hub.arm(next(iter(self.inflight)))
 
     def _publish(self, group: PacketGroup) -> bool:
         """``_try_publish``, except that a group that cannot be written (an unexpected error;

@@ -1,18 +1,38 @@
 """HSA completion signals: the signal pool and the one background waiter thread.
 
 A GPU future is an HSA signal with a condition (value < 1: the packet processor decrements it from
-1 to 0). One waiter thread per runtime blocks in ``hsa_amd_signal_wait_any`` over a wake signal and
-every pending signal, never holding the GIL while it waits. It is level-triggered: after any
-wake-up it rescans every pending signal, then acquire-loads each that reads complete before
-resolving it; a missed edge costs at most ``LOST_WAKEUP_GUARD_S``, never a hang.
+1 to 0). One waiter thread per runtime blocks in ``hsa_amd_signal_wait_any``, never holding the
+GIL while it waits, over the wake signal and the signals of the futures someone *waits for*
+(``FutureHub.arm``: a task parked on it, a done-callback, a thread in ``wait()``, host work that
+must follow it, such as a queue's back-log). It wakes when one of those completes, or when
+``wake()`` is called (an arm, a driver callback's event, new work while it sleeps its long
+timeout, closing).
+
+Work nobody waits for (most copies and launches of a service: only the result is awaited) does
+not wake it: while any pending future is left out of the wait, the wait times out every
+``POLL_S`` (5 ms) and the scan settles and retires what completed. 5 ms, as the CUDA hub's
+uncovered guard: it bounds how long such work holds its signal, buffers and kernarg space after
+it finished (about 500 signals at 100k operations/s, inside the 1,024 interrupt signals), and
+costs at most 200 short scans a second, against one wake-up per completion when every signal
+was in the wait: an interrupt, a syscall, a scan of all pending work under the GIL, and on ROCr
+the next wait's first 200 us, which ``Signal::WaitAny`` spends polling before it sleeps. With
+everything pending in the wait, the timeout is ``LOST_WAKEUP_GUARD_S``.
+
+It is level-triggered: after any wake-up it rescans every pending signal, waited for or not,
+then acquire-loads each that reads complete before resolving it. So a future armed just as it
+completes is never lost: the arm marks it waited and wakes the waiter, which rebuilds its wait
+set and rescans; a completion before the rescan is found by it, one after it ends the wait
+(ROCr's ``Signal::WaitAny`` tests every signal's condition before it sleeps, so a signal
+already complete when the wait starts returns at once). A missed edge costs at most the
+timeout, never a hang.
 
 Interrupt signals are a bounded resource (ROCr: ``hsa_signal_create`` takes one of KFD's ~4,096
 signal events per process, and past the limit silently gives a signal without one), and ROCr's
 ``Signal::WaitAny`` spins for the whole wait if any signal in it lacks an event. So the pool
 keeps at most ``MAX_INTERRUPT_SIGNALS`` interrupt signals, checks each really got an event (its
 ``amd_signal_t.event_mailbox_ptr``), and beyond that hands out busy-wait signals
-(``hsa_amd_signal_create`` with AMD_GPU_ONLY, no event). Those are never passed to the wait: while
-any is pending the waiter also wakes every ``POLL_S`` to scan them. The wait therefore has at most
+(``hsa_amd_signal_create`` with AMD_GPU_ONLY, no event). Those are never passed to the wait,
+waited for or not: the scan every ``POLL_S`` finds them. The wait therefore has at most
 MAX_INTERRUPT_SIGNALS + 1 signals, all with events, and ROCr never spins through it.
 """
 from __future__ import annotations
@@ -25,7 +45,7 @@ from .futures import FutureHub, GPUFuture
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
-POLL_S = 0.005          # scan period while busy-wait (event-less) signals are pending
+POLL_S = 0.005          # scan period while pending work is left out of the wait (see above)
 MAX_INTERRUPT_SIGNALS = 1024
 VALUE_OFFSET = T.amd_signal_t.value.offset
 MAILBOX_OFFSET = T.amd_signal_t.event_mailbox_ptr.offset
@@ -179,19 +199,36 @@ class CompletionHub(FutureHub):
         self.api.hsa_system_get_info(T.HSA_SYSTEM_INFO_TIMESTAMP_FREQUENCY, ctypes.byref(freq))
         return freq.value or 1_000_000_000
 
+    def _wake_for(self, fut: GPUFuture) -> None:
+        """Put ``fut``'s signal in the wait: the waiter's next turn rebuilds its wait set, and
+        that turn starts now (else it could sleep out a whole timeout first)."""
+        self._dirty = True          # (before the wake-up, so that the turn it starts rebuilds)
+        self._request_wake()
+
     def _run(self) -> None:
         api, arrays = self.api, None
         guard, poll = int(LOST_WAKEUP_GUARD_S * self._freq), int(POLL_S * self._freq)
         while not self._stop:
+            # Set before the pending work is counted: work watched after the count wakes us
+            # (``watch`` reads ``_idle`` after its insert), so the long timeout is never slept
+            # with work left to the scan.
+            self._idle = True
             if self._dirty or arrays is None:
                 arrays = self._build_arrays()
-            n, sigs, conds, vals, polled = arrays
+            n, sigs, conds, vals = arrays
+            covered = self._covers_everything(n)
+            if not covered:
+                self._idle = False
             if self._wake_interrupt:
-                # (Retirement left for a lock holder is retried soon, as busy-wait signals are.)
-                api.hsa_amd_signal_wait_any(n, sigs, conds, vals, poll if polled or self._backlog else guard,
+                # ROCr's Signal::WaitAny (core/runtime/signal.cpp, behind hsa_amd_signal_wait_any)
+                # tests every signal's condition before each sleep in hsaKmtWaitOnMultipleEvents,
+                # so a signal that completed before this call returns at once: what was armed
+                # while we scanned is not lost. It sleeps only if every signal has an event.
+                api.hsa_amd_signal_wait_any(n, sigs, conds, vals, guard if covered else poll,
                                             T.HSA_WAIT_STATE_BLOCKED, None)
             else:   # not even the wake signal has an event: poll rather than make ROCr spin
                 time.sleep(POLL_S)
+            self._idle = False
             # Level-triggered: reset the wake signal first, then look at everything.
             api.hsa_signal_store_relaxed(T.hsa_signal_t(self._wake), 0)
             self._woken = False
@@ -199,27 +236,38 @@ class CompletionHub(FutureHub):
             self._scan()
             self.retry_backlog()
 
+    def _covers_everything(self, n: int) -> bool:
+        """Whether the wait's n - 1 signals are all the pending work: nothing is left to the
+        periodic scan. They are all pending unless ``_dirty`` (a waited future marks the set
+        stale *before* it leaves ``_pending``, see ``_unwatch``): hence ``_pending`` is counted
+        first and ``_dirty`` read after. Retirement left in the backlog for a lock holder is
+        work left to the scan too (``retry_backlog``)."""
+        return len(self._pending) < n and not self._dirty and not self._backlog
+
     def _build_arrays(self) -> tuple:
-        """The wait's arrays: the wake signal and the pending interrupt signals (never a signal
-        without an event: ROCr would spin through the whole wait); and whether busy-wait
-        signals are pending (then the wait also times out every POLL_S). Without the lock:
-        ``_dirty`` is cleared before the copy, so a registration after it rebuilds them."""
+        """The wait's arrays: the wake signal, and the interrupt signals of pending futures
+        someone waits for (``FutureHub.arm``) that no scan has taken yet (one in ``_queued`` is
+        complete: waiting on it would return at once, again and again, until it retired).
+        Never a signal without an event: ROCr would spin through the whole wait. Built
+        without the lock: ``_dirty`` is cleared before the copy, so an arm or a retirement
+        after it rebuilds them."""
         self._dirty = False
-        interrupt = self.pool.interrupt
+        interrupt, queued = self.pool.interrupt, self._queued
         pending = self._pending.copy()     # (one C call: atomic under the GIL)
-        handles = [self._wake, *[h for h in pending if h in interrupt]]
-        polled = len(handles) - 1 < len(pending)
+        handles = [self._wake, *[h for h, f in pending.items()
+                                 if f.waited and h in interrupt and f not in queued]]
         n = len(handles)
         sigs = (T.hsa_signal_t * n)()
         ctypes.memmove(sigs, (ctypes.c_uint64 * n)(*handles), 8 * n)
         conds = (T.hsa_signal_condition_t * n)(T.HSA_SIGNAL_CONDITION_NE, *[T.HSA_SIGNAL_CONDITION_LT] * (n - 1))
         vals = (T.hsa_signal_value_t * n)(0, *[1] * (n - 1))
-        return n, sigs, conds, vals, polled
+        return n, sigs, conds, vals
 
     def _scan(self) -> None:
-        """Look at every pending signal: a cheap read of each value word outside the lock, then
-        an acquire load (``hsa_signal_load_scacquire``) of each that looks done before its
-        future is resolved. Never waits for the runtime lock (see ``FutureHub``)."""
+        """Look at every pending signal, waited for or not: a cheap read of each value word
+        outside the lock, then an acquire load (``hsa_signal_load_scacquire``) of each that
+        looks done before its future is resolved. Never waits for the runtime lock (see
+        ``FutureHub``)."""
         while self._events:
             self._run_event(self._events.popleft())
         snapshot = list(self._pending.copy().items())    # (the copy is one C call: atomic)
@@ -228,3 +276,5 @@ class CompletionHub(FutureHub):
         done = [(h, f) for h, f in snapshot if views[h].value < 1 and load(T.hsa_signal_t(h)) < 1]
         if done or self.watchdog_s is not None:
             self._settle(done)
+        if any(f.waited for _, f in done):
+            self._dirty = True      # taken by this scan: their signals leave the wait

@@ -100,8 +100,12 @@ class TaskGroup:
                 await anyio.lowlevel.checkpoint()
                 if not futures.was_retrieved(exc) and not self._follows_another(exc):
                     raise exc
-            if self._body_done and self._tasks == 0 and all(f.done() for f in self._submitted):
-                return
+            if self._body_done and self._tasks == 0:
+                left = [f for f in self._submitted if not f.done()]
+                if not left:
+                    return
+                for f in left:   # the group now waits for this work: wake for it (FutureHub.arm)
+                    f._hub.arm(f)
             self._changed = anyio.Event()
             await self._changed.wait()
 

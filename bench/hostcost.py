@@ -1,6 +1,8 @@
 """Host cost per operation on the calling thread, without a profiler's distortion: Python and C
-function calls per operation (deterministic: compare commits with it on a busy machine) and the
-best thread CPU time per operation over 7 runs, for four shapes of work:
+function calls per operation (deterministic: compare commits with it on a busy machine), the
+best thread CPU time per operation over 7 runs, and the waiter thread's wake-ups per operation
+(over those runs: each wake-up is a syscall and a scan under the GIL that the loop does not
+see in its own CPU time), for four shapes of work:
 
 - ``submit``: ``dev.launch`` of a no-op kernel, nothing awaited;
 - ``await1``: one task awaiting each launch in turn (uvloop);
@@ -85,6 +87,8 @@ def main() -> None:
         fn()
         return (time.thread_time() - t) / n * 1e6
 
+    runs = 7
+
     print(f"host cost per operation on {rt.backend} ({rt.devices[0]!r})")
     for name, fn in (("submit", submit), ("await1", await1), ("buffers", buffers), ("service", service)):
         fn()                                   # warm: kernels loaded, pools filled
@@ -92,8 +96,11 @@ def main() -> None:
         sys.setprofile(prof)
         fn()
         sys.setprofile(None)
-        best = min(cpu(fn) for _ in range(7))
-        print(f"  {name:8s} calls/op {count[0] / n:7.1f}   best thread CPU us/op {best:8.2f}")
+        woke = rt.hub.wakeups
+        best = min(cpu(fn) for _ in range(runs))
+        wakeups = (rt.hub.wakeups - woke) / (runs * n)
+        print(f"  {name:8s} calls/op {count[0] / n:7.1f}   best thread CPU us/op {best:8.2f}"
+              f"   waiter wake-ups/op {wakeups:5.2f}")
     rt.close()
 
 

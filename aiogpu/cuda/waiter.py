@@ -12,10 +12,11 @@ a completion reaches an awaiter, fastest first:
    CPU spent) and grows after a hit, within [``SPIN_MIN_S``, ``spin_s``]. A copy whose end can be
    predicted from the bandwidth its lane has shown first sleeps on the loop (a timer, no CPU)
    until shortly before that end, then spins.
-2. **Parked awaiters** (the spin ran out; trio; ``wait()`` from threads; done-callbacks) *arm*
-   their lane: one ``cuLaunchHostFunc`` of libc's ``sem_post`` is queued on the lane's stream
-   after its current work (once per lane until that point is passed). The driver's callback
-   thread runs ``sem_post`` in C: no Python runs on a driver thread.
+2. **Parked awaiters** (the spin ran out; trio; ``wait()`` from threads; done-callbacks; see
+   ``FutureHub.arm`` for who counts as waiting) *arm* their lane: one ``cuLaunchHostFunc`` of
+   libc's ``sem_post`` is queued on the lane's stream after its current work (once per lane
+   until that point is passed). The driver's callback thread runs ``sem_post`` in C: no Python
+   runs on a driver thread.
 3. **The waiter thread** (one per runtime) blocks in ``sem_timedwait`` with the GIL released.
    After any wake-up it rescans every lane (level-triggered): it settles each lane's prefix up to
    its completion word, and queries the stream (or the event) of the first future beyond it
@@ -134,11 +135,10 @@ class CudaHub(FutureHub):
             fut.lane.pending.append(fut)
         return fut
 
-    def arm(self, fut: CudaFuture) -> None:
-        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work
-        (for deferred work: the work it was submitted as; nothing while it waits for that)."""
-        fut = _submitted(fut)
-        if fut is None:
+    def _wake_for(self, fut: GPUFuture) -> None:
+        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
+        its lane is armed (``FutureHub.arm`` decides who is waited for)."""
+        if not isinstance(fut, CudaFuture):     # settled on the host (a compile): nothing to arm
             return
         lane = fut.lane
         if lane is None or lane.armed >= fut.ticket:
@@ -397,7 +397,5 @@ def _snapshot(pending: Any) -> list:
 def _submitted(fut: Any) -> "CudaFuture | None":
     """The CUDA work behind ``fut``: itself, the submitted work of a Deferred, or None (a
     host-settled future: a compile, deferred work not submitted yet)."""
-    if isinstance(fut, CudaFuture):
-        return fut
-    real = getattr(fut, "real", None)
-    return real if isinstance(real, CudaFuture) else None
+    work = fut.submitted_work()
+    return work if isinstance(work, CudaFuture) else None
