@@ -365,13 +365,11 @@ def _per_batch(at: list[int]) -> int:
     return max(at.count(n) for n in set(at))
 
 
-def test_a_large_post_is_woken_in_slices_on_trio(monkeypatch):
-    """200 tasks parked on their own futures, all completed in one post: at most WAKE_SLICE
-    of them wake per batch, in completion order batch by batch (within a batch trio orders
-    the tasks as it likes); none is lost."""
-    fixed_slice(monkeypatch, 8)
+def _trio_wakeups(n: int, one_post: bool) -> list[int]:
+    """``n`` trio tasks parked on their own futures, then all completed in one post or one
+    post each (the run blocked meanwhile): the batch each task woke in, in completion order."""
     hub = ManualHub()
-    futs = [hub.new(k) for k in range(1, 201)]
+    futs = [hub.new(k) for k in range(1, n + 1)]
     batches, seen = Batches(), []
 
     async def task(i: int) -> None:
@@ -381,15 +379,27 @@ def test_a_large_post_is_woken_in_slices_on_trio(monkeypatch):
     async def main() -> None:
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
-                for i in range(200):
+                for i in range(n):
                     nursery.start_soon(task, i)
                 await trio.testing.wait_all_tasks_blocked()
                 batches.start()
-                hub.complete(*futs)
+                if one_post:
+                    hub.complete(*futs)
+                else:
+                    for f in futs:
+                        hub.complete(f)
 
     trio.run(main)
-    at = [n for n, _ in sorted(seen, key=lambda s: s[1])]
-    assert len(seen) == 200
+    assert len(seen) == n                            # none lost
+    return [b for b, _ in sorted(seen, key=lambda s: s[1])]
+
+
+def test_a_large_post_is_woken_in_slices_on_trio(monkeypatch):
+    """200 tasks parked on their own futures, all completed in one post: at most WAKE_SLICE
+    of them wake per batch, in completion order batch by batch (within a batch trio orders
+    the tasks as it likes); none is lost."""
+    fixed_slice(monkeypatch, 8)
+    at = _trio_wakeups(200, one_post=True)
     assert _per_batch(at) <= 8 and len(set(at)) >= 25
     assert at == sorted(at)                          # in completion order
 
@@ -399,27 +409,7 @@ def test_completions_posted_separately_are_woken_in_slices_on_trio(monkeypatch):
     time (64 posts before the run goes on) still wake at most WAKE_SLICE tasks per batch, in
     completion order."""
     fixed_slice(monkeypatch, 8)
-    hub = ManualHub()
-    futs = [hub.new(k) for k in range(1, 65)]
-    batches, seen = Batches(), []
-
-    async def task(i: int) -> None:
-        await futs[i]
-        seen.append((batches.n, i))
-
-    async def main() -> None:
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                for i in range(64):
-                    nursery.start_soon(task, i)
-                await trio.testing.wait_all_tasks_blocked()
-                batches.start()
-                for f in futs:                       # 64 posts, the run blocked meanwhile
-                    hub.complete(f)
-
-    trio.run(main)
-    at = [n for n, _ in sorted(seen, key=lambda s: s[1])]
-    assert len(seen) == 64
+    at = _trio_wakeups(64, one_post=False)
     assert _per_batch(at) <= 8 and at == sorted(at)
 
 
