@@ -165,7 +165,7 @@ class InterruptSafeLock:
             try:
                 self.raw.acquire()
             except BaseException:
-                _leave(sys._getframe(1))
+                _leave()
                 raise
         else:
             self.raw.acquire()
@@ -181,7 +181,7 @@ class InterruptSafeLock:
         self._held -= 1
         self.raw.release()
         if _get_ident() == _MAIN:
-            _leave(sys._getframe(1))
+            _leave()
 
     def try_run(self, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` under the lock if this thread can take it at once (it is free, or this
@@ -192,7 +192,7 @@ class InterruptSafeLock:
             _enter()
         if not self.raw.acquire(False):
             if main:
-                _leave(sys._getframe(1))
+                _leave()
             return False
         self._held += 1
         try:
@@ -201,7 +201,7 @@ class InterruptSafeLock:
             self._held -= 1
             self.raw.release()
             if main:
-                _leave(sys._getframe(1))
+                _leave()
         return True
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -212,11 +212,12 @@ class InterruptSafeLock:
         self.raw.release()
 
 
-def _leave(frame: FrameType) -> None:
-    """End a hold of the main thread and run a held-back SIGINT's handler (it raises, by default)."""
+def _leave() -> None:
+    """End a hold of the main thread (from a lock's method) and run a held-back SIGINT's
+    handler (it raises, by default), given the frame of the lock's caller."""
     previous = _exit()
     if previous is not None:
-        previous(SIGINT, frame)
+        previous(SIGINT, sys._getframe(2))
 
 
 def run_in_caller(action: Callable[[], Any], inside: Callable[[FrameType], bool]) -> None:
