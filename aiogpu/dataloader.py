@@ -224,8 +224,8 @@ class Loader:
         """Copy the ``fresh`` arrays into pinned memory in ``STAGE_CHUNK`` pieces on the staging
         threads, each worker submitting a piece's upload into its buffer as soon as it has
         staged it. One hand-off to a thread per batch: with a hop back to the loop per piece,
-        the uploads waited for the loop's turn (0.2-0.3 ms a piece on the H200 while eight
-        staging threads contend for the GIL: half of the batch's time)."""
+        each upload waited for the loop's turn (0.2-0.3 ms a piece in an H200 timeline; the
+        batch as a whole stays bound by staging's memory traffic)."""
         pieces = []
         with rt.lock:
             for buf, arr in fresh:
