@@ -440,8 +440,8 @@ def test_awaits_of_done_futures_take_slots_of_the_batch_on_trio(monkeypatch):
 
 
 def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going_on_trio(monkeypatch):
-    """One slot per batch: tasks awaiting done futures wait in line for slots; cancelling one
-    of them raises Cancelled in it alone, and every other task still goes on."""
+    """One slot per batch: tasks awaiting done futures wait in line for slots; cancelling
+    some of them raises Cancelled in each alone, and every other task still goes on."""
     fixed_slice(monkeypatch, 1)
     hub = ManualHub()
     futs = [hub.new(k) for k in range(1, 17)]
@@ -461,19 +461,21 @@ def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going_on_tr
                     nursery.start_soon(task, i)
                 while not got:                       # the first went on: the rest wait in line
                     await trio.sleep(0)
-                # Cancelled a batch or two later, the task in the middle of the line (trio may
-                # have run the tasks in either order when they lined up) waits for its slot still.
-                scopes[8].cancel()
+                # Cancelled a batch or two later, the tasks in the middle of the line (trio may
+                # have run the tasks in either order when they lined up) wait for their slots
+                # still: at least one of them surely does (one a batch goes on).
+                for i in CANCELLED:
+                    scopes[i].cancel()
 
+    CANCELLED = range(6, 11)
     trio.run(main)
-    assert scopes[8].cancelled_caught
-    assert sorted(got) == [i for i in range(16) if i != 8]
+    _check_cancelled(scopes, CANCELLED, got, range(16))
 
 
 def test_a_woken_task_cancelled_before_its_slot_takes_no_one_elses_wakeup_on_trio(monkeypatch):
     """One slot per batch: eight tasks parked on eight futures completed in one post go on one
-    per batch; one cancelled after its completion was posted but before its turn raises
-    Cancelled alone, and the wake-ups of the others all arrive, in completion order."""
+    per batch; those cancelled after their completions were posted but before their turns
+    raise Cancelled alone, and the wake-ups of the others all arrive, in completion order."""
     fixed_slice(monkeypatch, 1)
     hub = ManualHub()
     futs = [hub.new(k) for k in range(1, 9)]
@@ -494,11 +496,23 @@ def test_a_woken_task_cancelled_before_its_slot_takes_no_one_elses_wakeup_on_tri
                 hub.complete(*futs)
                 while not got:
                     await trio.sleep(0)
-                scopes[4].cancel()
+                for i in CANCELLED:
+                    scopes[i].cancel()
 
+    CANCELLED = range(3, 6)
     trio.run(main)
-    assert scopes[4].cancelled_caught
-    assert got == [0, 1, 2, 3, 5, 6, 7]
+    _check_cancelled(scopes, CANCELLED, got, range(8))
+    assert got == sorted(got)                            # in completion order
+
+
+def _check_cancelled(scopes: list, cancelled: range, got: list[int], everyone: range) -> None:
+    """Each task cancelled while waiting for a slot raised Cancelled alone (or had gone on
+    already, when the cancel came), at least one of them was still waiting, and every task
+    not cancelled went on."""
+    caught = [i for i in cancelled if scopes[i].cancelled_caught]
+    assert caught, "no cancelled task was still waiting for its slot"
+    assert all((i in got) != (i in caught) for i in cancelled), (got, caught)
+    assert sorted(got) == [i for i in everyone if i not in caught]
 
 
 def test_done_callbacks_take_slots_and_a_raising_one_stops_none_on_trio(monkeypatch, caplog):
