@@ -108,6 +108,31 @@ class _Port:
         """Slots per turn of the loop, as adapted so far."""
         return self._slots.slice
 
+    def _hand_on(self, items: Batch) -> None:
+        """On the loop: run the done-callbacks and wake the awaiters in ``items``, in order. A
+        callback that raises stops nothing else (``_report``); KeyboardInterrupt and SystemExit
+        propagate once the items after it are first in line again (``_requeue``)."""
+        for i, item in enumerate(items):
+            if type(item) is Callback:
+                try:
+                    item.run()
+                except (SystemExit, KeyboardInterrupt):
+                    self._requeue(items[i + 1:])
+                    raise
+                except BaseException as exc:
+                    self._report(item, exc)
+            else:
+                self._wake(item)
+
+    def _report(self, callback: Callback, exc: BaseException) -> None:
+        raise NotImplementedError
+
+    def _wake(self, awaiter: Any) -> None:
+        raise NotImplementedError
+
+    def _requeue(self, rest: Batch) -> None:
+        raise NotImplementedError
+
     def _put(self, items: Batch, first: bool = False) -> bool:
         """Queue ``items`` (``first``: at the front, in their order); True when the caller
         must schedule a drain (none is queued on the loop yet)."""
@@ -165,19 +190,18 @@ class AsyncioPort(_Port):
         self._count(loop)
         if more:
             loop.call_soon(self._drain)
-        for i, item in enumerate(batch):
-            if type(item) is Callback:
-                try:
-                    item.run()
-                except (SystemExit, KeyboardInterrupt):
-                    self._requeue(batch[i + 1:])
-                    raise
-                except BaseException as exc:
-                    loop.call_exception_handler(
-                        {"message": f"Exception in GPUFuture done-callback {item.fn!r}",
-                         "exception": exc, "future": item.arg})
-            elif not item.done():
-                item.set_result(None)
+        self._hand_on(batch)
+
+    def _report(self, callback: Callback, exc: BaseException) -> None:
+        """A done-callback raised: the loop's exception handler hears of it, as for any
+        asyncio callback."""
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": f"Exception in GPUFuture done-callback {callback.fn!r}",
+             "exception": exc, "future": callback.arg})
+
+    def _wake(self, awaiter: Any) -> None:
+        if not awaiter.done():            # (cancelled meanwhile: nothing to wake)
+            awaiter.set_result(None)
 
     def admit(self, woken: bool = False) -> bool:
         """On the loop: may an await go on in this iteration (a slot taken)? ``woken``: its
@@ -322,20 +346,14 @@ class TrioPort(_Port):
                 self._scheduled = False
         self._hand_on(items)
 
-    def _hand_on(self, items: Batch) -> None:
-        reschedule = self._lowlevel.reschedule
-        for i, item in enumerate(items):
-            if type(item) is Callback:
-                try:
-                    item.run()
-                except (SystemExit, KeyboardInterrupt):
-                    self._requeue(items[i + 1:])
-                    raise
-                except BaseException:
-                    log.exception("exception in GPUFuture done-callback %r", item.fn)
-            elif not item.done:           # (not cancelled by a callback before it)
-                item.done = True
-                reschedule(item.task)
+    def _report(self, callback: Callback, exc: BaseException) -> None:
+        """A done-callback raised: trio has no exception handler, so it is logged."""
+        log.error("exception in GPUFuture done-callback %r", callback.fn, exc_info=exc)
+
+    def _wake(self, awaiter: "_TrioAwaiter") -> None:
+        if not awaiter.done:              # (not cancelled by a callback before it)
+            awaiter.done = True
+            self._lowlevel.reschedule(awaiter.task)
 
     def _requeue(self, rest: Batch) -> None:
         """The items after a callback that raised KeyboardInterrupt: first in line again.
