@@ -439,14 +439,18 @@ def test_awaits_of_done_futures_take_slots_of_the_batch_on_trio(monkeypatch):
     assert _per_batch(at) <= 8 and len(set(at)) >= 8
 
 
-def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going_on_trio(monkeypatch):
-    """One slot per batch: tasks awaiting done futures wait in line for slots; cancelling
-    some of them raises Cancelled in each alone, and every other task still goes on."""
-    fixed_slice(monkeypatch, 1)
+def _trio_cancel_in_line(n: int, cancelled: range, posted_while_parked: bool) -> list[int]:
+    """One slot per batch: ``n`` trio tasks await their own futures, completed before the
+    tasks start (awaits of done futures, in line for slots) or in one post once all are
+    parked (woken one a batch); once the first has gone on, the ``cancelled`` tasks (in the
+    middle of the line) are cancelled. Checks that each raised Cancelled alone, or had gone
+    on before the cancel came, that at least one was still waiting, and that every task not
+    cancelled went on; returns the order in which tasks went on."""
     hub = ManualHub()
-    futs = [hub.new(k) for k in range(1, 17)]
-    hub.complete(*futs)
-    scopes = [trio.CancelScope() for _ in range(16)]
+    futs = [hub.new(k) for k in range(1, n + 1)]
+    if not posted_while_parked:
+        hub.complete(*futs)
+    scopes = [trio.CancelScope() for _ in range(n)]
     got: list[int] = []
 
     async def task(i: int) -> None:
@@ -457,19 +461,32 @@ def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going_on_tr
     async def main() -> None:
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
-                for i in range(16):
+                for i in range(n):
                     nursery.start_soon(task, i)
+                if posted_while_parked:
+                    await trio.testing.wait_all_tasks_blocked()
+                    hub.complete(*futs)
                 while not got:                       # the first went on: the rest wait in line
                     await trio.sleep(0)
-                # Cancelled a batch or two later, the tasks in the middle of the line (trio may
-                # have run the tasks in either order when they lined up) wait for their slots
-                # still: at least one of them surely does (one a batch goes on).
-                for i in CANCELLED:
+                # A batch or two later, the tasks in the middle of the line (trio may have run
+                # the tasks in either order when they lined up) wait for their slots still: at
+                # least one of them surely does (one a batch goes on).
+                for i in cancelled:
                     scopes[i].cancel()
 
-    CANCELLED = range(6, 11)
     trio.run(main)
-    _check_cancelled(scopes, CANCELLED, got, range(16))
+    caught = [i for i in cancelled if scopes[i].cancelled_caught]
+    assert caught, "no cancelled task was still waiting for its slot"
+    assert all((i in got) != (i in caught) for i in cancelled), (got, caught)
+    assert sorted(got) == [i for i in range(n) if i not in caught]
+    return got
+
+
+def test_a_task_cancelled_while_waiting_for_a_slot_leaves_the_others_going_on_trio(monkeypatch):
+    """One slot per batch: tasks awaiting done futures wait in line for slots; cancelling
+    some of them raises Cancelled in each alone, and every other task still goes on."""
+    fixed_slice(monkeypatch, 1)
+    _trio_cancel_in_line(16, range(6, 11), posted_while_parked=False)
 
 
 def test_a_woken_task_cancelled_before_its_slot_takes_no_one_elses_wakeup_on_trio(monkeypatch):
@@ -477,42 +494,8 @@ def test_a_woken_task_cancelled_before_its_slot_takes_no_one_elses_wakeup_on_tri
     per batch; those cancelled after their completions were posted but before their turns
     raise Cancelled alone, and the wake-ups of the others all arrive, in completion order."""
     fixed_slice(monkeypatch, 1)
-    hub = ManualHub()
-    futs = [hub.new(k) for k in range(1, 9)]
-    scopes = [trio.CancelScope() for _ in range(8)]
-    got: list[int] = []
-
-    async def task(i: int) -> None:
-        with scopes[i]:
-            await futs[i]
-            got.append(i)
-
-    async def main() -> None:
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                for i in range(8):
-                    nursery.start_soon(task, i)
-                await trio.testing.wait_all_tasks_blocked()
-                hub.complete(*futs)
-                while not got:
-                    await trio.sleep(0)
-                for i in CANCELLED:
-                    scopes[i].cancel()
-
-    CANCELLED = range(3, 6)
-    trio.run(main)
-    _check_cancelled(scopes, CANCELLED, got, range(8))
+    got = _trio_cancel_in_line(8, range(3, 6), posted_while_parked=True)
     assert got == sorted(got)                            # in completion order
-
-
-def _check_cancelled(scopes: list, cancelled: range, got: list[int], everyone: range) -> None:
-    """Each task cancelled while waiting for a slot raised Cancelled alone (or had gone on
-    already, when the cancel came), at least one of them was still waiting, and every task
-    not cancelled went on."""
-    caught = [i for i in cancelled if scopes[i].cancelled_caught]
-    assert caught, "no cancelled task was still waiting for its slot"
-    assert all((i in got) != (i in caught) for i in cancelled), (got, caught)
-    assert sorted(got) == [i for i in everyone if i not in caught]
 
 
 def test_done_callbacks_take_slots_and_a_raising_one_stops_none_on_trio(monkeypatch, caplog):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -354,12 +355,8 @@ async def test_injected_queue_errors_fail_unawaited_work_and_its_awaited_depende
     """A queue error on work nobody waits for reaches its awaited dependent on the other device
     at once (the error callback wakes the waiter), with the eager packet processor too."""
     rt = make_runtime(eager=eager)
-    d0, d1 = rt.devices
     rt.api.emulator.faults.queue_error_at(1, agent=0)
-    bad = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
-    dependent = d1.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[bad])
-    with pytest.raises(aiogpu.GPUError):
-        await asyncio.wait_for(_await(dependent), DEADLINE_S)
+    bad = await _fault_reaches_the_awaited_dependent(rt)
     assert bad.done() and isinstance(bad.exception(), aiogpu.GPUError)
     retire_the_rest(rt)      # (the dependent failed before it was awaited: nobody waits for it)
 
@@ -367,13 +364,21 @@ async def test_injected_queue_errors_fail_unawaited_work_and_its_awaited_depende
 @pytest.mark.asyncio
 async def test_a_memory_fault_fails_unawaited_work_and_its_awaited_dependents(make_runtime, long_timeouts):
     rt = make_runtime()
-    d0, d1 = rt.devices
     rt.api.emulator.faults.memory_fault_at(1, agent=0)
+    await _fault_reaches_the_awaited_dependent(rt)
+    retire_the_rest(rt)
+
+
+async def _fault_reaches_the_awaited_dependent(rt) -> Any:
+    """A launch on device 0 that nobody awaits (the fault injected for it hits it), and a launch
+    on device 1 after it that is awaited: the await raises GPUError within the deadline.
+    Returns the faulting launch."""
+    d0, d1 = rt.devices
     bad = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
     dependent = d1.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[bad])
     with pytest.raises(aiogpu.GPUError):
         await asyncio.wait_for(_await(dependent), DEADLINE_S)
-    retire_the_rest(rt)
+    return bad
 
 
 @pytest.mark.asyncio
