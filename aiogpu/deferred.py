@@ -53,8 +53,9 @@ class Deferred(GPUFuture):
         return self.real is not None
 
     def submitted_work(self) -> GPUFuture | None:
-        """The work this was submitted as; None until then (and for a compile)."""
-        return self.real
+        """The work this was submitted as; None while it waits for its submission (or, for a
+        compile, while it runs); itself once settled without being submitted."""
+        return self.real if self.real is not None or self._state == PENDING else self
 
 
 def resolve(deps: dict) -> tuple[dict, list]:
@@ -75,14 +76,6 @@ def resolve(deps: dict) -> tuple[dict, list]:
                 blockers.append(f)
         out[f] = out.get(f, False) or semantic
     return out, blockers
-
-
-def real(fut: GPUFuture) -> GPUFuture | None:
-    """The submitted work behind ``fut`` (``fut`` itself if it is not deferred), or None while
-    it waits for its submission."""
-    if isinstance(fut, Deferred):
-        return fut.real if fut.real is not None or fut._state == PENDING else fut
-    return fut
 
 
 def defer(rt: Any, device: Any, label: str, reads: list, writes: list, deps: dict,

@@ -284,7 +284,7 @@ class Runtime:
         with self.lock:
             self.check_open()
             self._foreign_check(stream)
-            got = deferred.real(fut)
+            got = fut.submitted_work()
             if got is None:
                 raise InvalidStateError(f"{fut!r} is not submitted yet (its kernel is compiling): "
                                         f"await it, or await dev.load(kernel) before launching")

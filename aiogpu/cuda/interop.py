@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 
 from .. import ordering
-from ..deferred import real
 from ..memory import Buffer
 from . import driver as D
 from .driver import cu
@@ -93,7 +92,7 @@ def foreign_info(rt: Any, obj: Any, what: str, write: bool) -> tuple[int, int, A
 def _submitted(f: Any) -> Any:
     """The device work behind ``f`` (a deferred launch's submitted work); BufferError while it
     still waits for its kernel's compile (nothing on the device to wait for yet)."""
-    got = real(f)
+    got = f.submitted_work()
     if got is None:
         raise BufferError(f"{f!r} waits for its kernel's compile: await it (or dev.load(kernel)) "
                           f"before handing the buffer to another library")
