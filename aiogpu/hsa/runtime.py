@@ -29,6 +29,8 @@ DEFAULT_WATCHDOG_S = 60.0
 EMULATOR_OPTIONS = frozenset({"gpus", "sdma_engines", "xgmi_engines", "compute_units", "eager",
                               "emulator_event_limit", "emulator_min_queue_size", "timeline_records",
                               "engine_history_records"})
+# What shapes the virtual KFD beneath the real ROCr (hsa-virtual); the others are emulator-only.
+VIRTUAL_OPTIONS = frozenset({"gpus", "eager", "sdma_queues"})
 
 
 class HsaRuntime(Runtime):
@@ -43,7 +45,7 @@ class HsaRuntime(Runtime):
     """
 
     backend = "hsa"
-    OPTIONS: ClassVar[frozenset[str]] = Runtime.OPTIONS | {"ring_size"} | EMULATOR_OPTIONS
+    OPTIONS: ClassVar[frozenset[str]] = Runtime.OPTIONS | {"ring_size"} | EMULATOR_OPTIONS | VIRTUAL_OPTIONS
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -55,7 +57,7 @@ class HsaRuntime(Runtime):
 
     @classmethod
     def _default_choice(cls, requested: str | None) -> tuple[str, str]:
-        if requested in ("hsa", "emulator"):
+        if requested in ("hsa", "emulator", "hsa-virtual"):
             return requested, f"{requested} requested"
         ok, why = cls.probe()
         return ("hsa", why) if ok else ("emulator", f"no usable GPU ({why}); using the emulator")
@@ -63,9 +65,16 @@ class HsaRuntime(Runtime):
     @classmethod
     def check_options(cls, backend: str, options: dict) -> None:
         super().check_options(backend, options)
-        if backend == "hsa" and EMULATOR_OPTIONS & set(options):
-            raise TypeError(f"emulator-only option(s) {', '.join(sorted(EMULATOR_OPTIONS & set(options)))} "
+        if backend == "hsa" and (EMULATOR_OPTIONS | VIRTUAL_OPTIONS) & set(options):
+            raise TypeError(f"emulator-only option(s) "
+                            f"{', '.join(sorted((EMULATOR_OPTIONS | VIRTUAL_OPTIONS) & set(options)))} "
                             f"given to the hsa backend (a real GPU)")
+        if backend == "emulator" and "sdma_queues" in options:
+            raise TypeError("sdma_queues is an option of the hsa-virtual backend (the emulator takes sdma_engines)")
+        if backend == "hsa-virtual" and (EMULATOR_OPTIONS - VIRTUAL_OPTIONS) & set(options):
+            raise TypeError(f"emulator-only option(s) "
+                            f"{', '.join(sorted((EMULATOR_OPTIONS - VIRTUAL_OPTIONS) & set(options)))} given to "
+                            f"hsa-virtual (it takes gpus, sdma_queues and eager)")
 
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
                  watchdog_s: float | None = DEFAULT_WATCHDOG_S, copy_engines: bool = True, spin_s: float = 0.0,
@@ -103,7 +112,7 @@ class HsaRuntime(Runtime):
             hub.close()
         for dev in getattr(self, "devices", []):
             dev._destroy()
-        if self.api.backend == "emulator":
+        if self.api.backend in ("emulator", "hsa-virtual"):
             self.api.hsa_shut_down()
 
     # -- discovery -----------------------------------------------------------------------------
@@ -331,6 +340,8 @@ class HsaRuntime(Runtime):
             "kernarg_in_use": sum(q.kernarg.in_use for q in queues),
             "backlog": sum(len(q.backlog) for q in queues),
             "host_locks": self.host.count,
+            **({"vkfd": {f"gpu{i}": self.api.vkfd.counters(i) for i in range(len(self.devices))}}
+               if self.api.vkfd is not None else {}),
         }
 
     def describe(self) -> str:
@@ -371,7 +382,9 @@ class HsaRuntime(Runtime):
         for block in self._kernarg_blocks:
             self.api.hsa_amd_memory_pool_free(block)
         self.hub.close()
-        if self.backend == "emulator":
+        if self.backend in ("emulator", "hsa-virtual"):
+            # hsa-virtual: balanced, so that ROCr closes the virtual KFD when the last runtime
+            # goes and the next one may configure other devices
             self.api.hsa_shut_down()
 
 

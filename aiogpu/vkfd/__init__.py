@@ -54,6 +54,7 @@ class VirtualKfd:
         k.vkfd_report_fault.argtypes = [ctypes.c_uint64]
         k.vkfd_set_dispatch_callback.argtypes = [DISPATCH_CALLBACK]
         k.vkfd_version.restype = ctypes.c_char_p
+        k.vkfd_note_user_kernel.argtypes = [ctypes.c_uint64]
         self.counter_names = tuple(k.vkfd_counter_name(i).decode() for i in range(k.vkfd_counter_count()))
         self.version = k.vkfd_version().decode()
         self._callback: Any = None
@@ -85,6 +86,10 @@ class VirtualKfd:
         cb = DISPATCH_CALLBACK(fn) if fn is not None else DISPATCH_CALLBACK()
         self.kfd.vkfd_set_dispatch_callback(cb)
         self._callback = cb          # the C side holds the pointer: keep the thunk alive
+
+    def note_user_kernel(self, kernel_object: int) -> None:
+        """``kernel_object`` is a kernel aiogpu loaded: never taken for one of ROCr's blits."""
+        self.kfd.vkfd_note_user_kernel(kernel_object)
 
     def report_fault(self, address: int) -> None:
         self.kfd.vkfd_report_fault(address)

@@ -244,6 +244,7 @@ EXPORT HSAKMT_STATUS hsaKmtGetClockCounters(HSAuint32 n, HsaClockCounters *c) {
 }
 
 static void kcache_forget(uint64_t base, uint64_t size);
+static void kcache_set(uint64_t kobj, int kind);
 
 /* ------------------------------------------------------------------ memory */
 typedef struct alloc {
@@ -675,13 +676,19 @@ static int kernel_kind(uint64_t kobj) {
       if (c.found) kind = K_BLIT;
     }
   }
-  pthread_mutex_lock(&g_kc_lock);
-  static int next;
-  g_kcache[next].kobj = kobj;
-  g_kcache[next].kind = kind;
-  next = (next + 1) % KCACHE;
-  pthread_mutex_unlock(&g_kc_lock);
+  kcache_set(kobj, kind);
   return kind;
+}
+
+static void kcache_set(uint64_t kobj, int kind) {
+  pthread_mutex_lock(&g_kc_lock);
+  int slot = -1;
+  for (int i = 0; i < KCACHE && slot < 0; i++) if (g_kcache[i].kobj == kobj) slot = i;
+  for (int i = 0; i < KCACHE && slot < 0; i++) if (!g_kcache[i].kobj) slot = i;
+  if (slot < 0) slot = (int)(kobj / 64 % KCACHE);
+  g_kcache[slot].kobj = kobj;
+  g_kcache[slot].kind = kind;
+  pthread_mutex_unlock(&g_kc_lock);
 }
 
 /* Forget cached kernel objects in [base, base + size): freed code memory may hold other code. */
@@ -785,8 +792,8 @@ static int aql_step(vqueue_t *q) {
       if (kernel_kind(kobj) == K_BLIT) {
         int rc = blit_run(q, grid[0], karg);
         if (rc == 0) retire(q, pkt, r, completion);
-        else if (rc > 0) queue_error(q, 32);
-        return 1;
+        if (rc <= 0) return 1;
+        /* code like a blit kernel's but not dispatched as one: the callback decides */
       }
       atomic_fetch_add(&g_cb_inflight, 1);
       dispatch_cb_t cb = atomic_load(&g_dispatch_cb);
@@ -1170,6 +1177,8 @@ EXPORT int vkfd_allocation(uint64_t va, uint64_t *base, uint64_t *size) {
   pthread_mutex_unlock(&g_mem_lock);
   return a != NULL;
 }
+/* A kernel object aiogpu loaded (its dispatches go to the callback, whatever its code). */
+EXPORT void vkfd_note_user_kernel(uint64_t kobj) { kcache_set(kobj, K_USER); }
 /* Drop cached kernel kinds in freed code memory (called when aiogpu unloads an executable). */
 EXPORT void vkfd_forget_code(uint64_t base, uint64_t size) { kcache_forget(base, size); }
 /* Whether this library is the virtual KFD (for a loader that found a libhsakmt.so.1). */
