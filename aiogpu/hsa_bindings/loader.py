@@ -196,6 +196,7 @@ def make_virtual(reason: str, *, gpus: int = 1, sdma_queues: int | None = None, 
     except AttributeError as exc:
         raise BackendUnavailable("hsa-virtual", f"{vk.how} lacks a required HSA symbol: {exc}",
                                  vkfd_module.PACKAGES) from None
+    vk.sync_environment()    # ROCr reads its flags (HSA_*) from the environment at hsa_init
     status = funcs["hsa_init"]()
     if status != T.HSA_STATUS_SUCCESS:
         raise BackendUnavailable("hsa-virtual", f"hsa_init over the virtual KFD returned 0x{status:x} "

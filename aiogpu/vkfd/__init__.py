@@ -26,6 +26,7 @@ ROCR = "libhsa-runtime64.so.1"
 PACKAGES = ("build it with gcc and Debian's libhsakmt-dev headers (pip install the package again), "
             "and install ROCr 5.2.3 (Debian package libhsa-runtime64-1)")
 RTLD_NOW = 2
+RTLD_NOLOAD = 4
 LM_ID_NEWLM = -1
 RTLD_DI_LMID = 1
 
@@ -39,8 +40,10 @@ DISPATCH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint32, ctypes.c_u
 class VirtualKfd:
     """The loaded virtual thunk and the real ROCr bound to it (one per process)."""
 
-    def __init__(self, kfd: ctypes.CDLL, rocr: ctypes.CDLL, how: str):
+    def __init__(self, kfd: ctypes.CDLL, rocr: ctypes.CDLL, how: str, environ: Any = None):
         self.kfd, self.rocr, self.how = kfd, rocr, how
+        self._environ = environ          # the namespace's libc ``environ`` (a c_void_p in_dll)
+        self._environments: list = []    # every snapshot handed to it: never freed
         k = kfd
         k.vkfd_configure.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
         k.vkfd_counter.restype = ctypes.c_uint64
@@ -60,6 +63,18 @@ class VirtualKfd:
         self._callback: Any = None
 
     # -- configuration ---------------------------------------------------------------------------
+    def sync_environment(self) -> None:
+        """Give the namespace's libc a snapshot of ``os.environ``. Its ``environ`` pointed at the
+        process's array as it was when it loaded, which the process's libc frees once the
+        environment grows (``os.environ[...] = ...``): ROCr's getenv then read freed memory.
+        Snapshots are kept forever, as a libc keeps what ``environ`` pointed at."""
+        if self._environ is None:
+            return
+        items = [f"{k}={v}".encode() for k, v in os.environ.items()]
+        arr = (ctypes.c_char_p * (len(items) + 1))(*items, None)
+        self._environments.append((arr, items))
+        self._environ.value = ctypes.addressof(arr)
+
     def configure(self, gpus: int, sdma_queues: int, eager: bool) -> bool:
         """Devices for ROCr's next KFD open; False while ROCr has it open (configuration fixed)."""
         rc = self.kfd.vkfd_configure(gpus, sdma_queues, int(eager))
@@ -181,7 +196,13 @@ def _load() -> VirtualKfd:
     kfd = ctypes.CDLL(str(LIBRARY), handle=kfd_handle)
     rocr = ctypes.CDLL(ROCR, handle=rocr_handle)
     path = _library_path(libc, rocr_handle) or ROCR
-    return VirtualKfd(kfd, rocr, f"{path} over the virtual KFD ({LIBRARY.name})")
+    environ = None
+    libc_handle = libc.dlmopen(lmid.value, b"libc.so.6", RTLD_NOW | RTLD_NOLOAD)
+    if libc_handle:
+        environ = ctypes.c_void_p.in_dll(ctypes.CDLL("libc.so.6", handle=libc_handle), "environ")
+    vk = VirtualKfd(kfd, rocr, f"{path} over the virtual KFD ({LIBRARY.name})", environ)
+    vk.sync_environment()
+    return vk
 
 
 def _library_path(libc: ctypes.CDLL, handle: int) -> str | None:

@@ -6,8 +6,9 @@
  * GPU. Each GPU has one engine thread (its command processor and SDMA engines together) that
  * walks the device's queues with back-off when idle: AQL rings (dispatch, barrier-AND/OR,
  * vendor-specific) and SDMA rings (the packets ROCr's BlitSdmaV4 writes). Dispatches of ROCr's
- * own blit kernels are done here; every other dispatch goes to the dispatch callback (aiogpu
- * runs the kernel's NumPy body there). Completion as the CP does it: header back to INVALID,
+ * own blit kernels are done there; every other dispatch goes to one of the device's compute-unit
+ * threads, which calls the dispatch callback (aiogpu runs the kernel's NumPy body there) while
+ * the engine goes on with the device's other queues. Completion as the CP does it: header back to INVALID,
  * read index past the packet, then the completion signal (amd_signal_t: value decremented, then
  * the event id into the event's mailbox and the KFD event raised).
  *
@@ -584,8 +585,22 @@ typedef struct vqueue {
   volatile uint64_t *wptr;
   volatile uint64_t *doorbell;    /* ours: ROCr stores the last packet index (AQL) or the wptr (SDMA) */
   atomic_int halted;              /* a queue error or an eviction stopped it */
+  atomic_int busy;                /* a dispatch of this queue is on a compute unit */
   uint64_t *ctl;                  /* our page: doorbell, SDMA rptr and wptr */
 } vqueue_t;
+
+/* A user dispatch handed to a compute unit: the queue waits for it (packets of one queue run in
+ * order, which the barrier bit asks at most), other queues of the device go on. */
+typedef struct job {
+  struct job *next;
+  vqueue_t *q;
+  uint8_t *pkt;
+  uint64_t r, completion, kobj, karg;
+  uint32_t grid[3];
+  uint16_t wg[3];
+  uint32_t dims, group, priv;
+} job_t;
+#define COMPUTE_UNITS 4
 
 typedef struct vdev {
   pthread_t thread;
@@ -597,6 +612,11 @@ typedef struct vdev {
   int sdma_queues;
   int evicted;                    /* KFD: after a VM fault the process stays evicted here */
   _Atomic uint64_t pending_queue_error;
+  pthread_mutex_t job_lock;
+  pthread_cond_t job_cond;
+  job_t *jobs, **jobs_tail;
+  pthread_t cu[COMPUTE_UNITS];
+  int ncu;
 } vdev_t;
 
 static vdev_t g_dev[MAX_NODES];
@@ -795,13 +815,17 @@ static int aql_step(vqueue_t *q) {
         if (rc <= 0) return 1;
         /* code like a blit kernel's but not dispatched as one: the callback decides */
       }
-      atomic_fetch_add(&g_cb_inflight, 1);
-      dispatch_cb_t cb = atomic_load(&g_dispatch_cb);
-      int64_t rc = cb ? cb(q->node - 1, kobj, karg, grid, wg, dims, *(uint32_t *)(pkt + 28), *(uint32_t *)(pkt + 24)) : 8;
-      atomic_fetch_sub(&g_cb_inflight, 1);
-      if (rc == 0) retire(q, pkt, r, completion);
-      else if (rc < 0) vm_fault(q->node, atomic_load(&g_fault_addr));
-      else queue_error(q, (uint64_t)rc);
+      job_t *j = calloc(1, sizeof(*j));
+      if (!j) return 0;
+      *j = (job_t){NULL, q, pkt, r, completion, kobj, karg, {grid[0], grid[1], grid[2]}, {wg[0], wg[1], wg[2]},
+                   dims, *(uint32_t *)(pkt + 28), *(uint32_t *)(pkt + 24)};
+      vdev_t *d = &g_dev[q->node];
+      atomic_store(&q->busy, 1);
+      pthread_mutex_lock(&d->job_lock);
+      *d->jobs_tail = j;
+      d->jobs_tail = &j->next;
+      pthread_cond_signal(&d->job_cond);
+      pthread_mutex_unlock(&d->job_lock);
       return 1;
     }
     default:   /* agent dispatch and reserved types: the CP rejects the packet format */
@@ -946,6 +970,37 @@ static int sdma_step(vqueue_t *q) {
   return moved;
 }
 
+/* ------------------------------------------------------------------ compute units */
+static void run_job(job_t *j) {
+  vqueue_t *q = j->q;
+  atomic_fetch_add(&g_cb_inflight, 1);
+  dispatch_cb_t cb = atomic_load(&g_dispatch_cb);
+  int64_t rc = cb ? cb(q->node - 1, j->kobj, j->karg, j->grid, j->wg, j->dims, j->group, j->priv) : 8;
+  atomic_fetch_sub(&g_cb_inflight, 1);
+  if (rc == 0) retire(q, j->pkt, j->r, j->completion);
+  else if (rc < 0) vm_fault(q->node, atomic_load(&g_fault_addr));
+  else queue_error(q, (uint64_t)rc);
+  atomic_store(&q->busy, 0);
+}
+
+static void *compute_unit(void *arg) {
+  vdev_t *d = arg;
+  pthread_mutex_lock(&d->job_lock);
+  for (;;) {
+    while (!d->jobs && !atomic_load(&d->stop)) pthread_cond_wait(&d->job_cond, &d->job_lock);
+    if (!d->jobs) break;          /* stopping, and nothing left */
+    job_t *j = d->jobs;
+    d->jobs = j->next;
+    if (!d->jobs) d->jobs_tail = &d->jobs;
+    pthread_mutex_unlock(&d->job_lock);
+    run_job(j);
+    free(j);
+    pthread_mutex_lock(&d->job_lock);
+  }
+  pthread_mutex_unlock(&d->job_lock);
+  return NULL;
+}
+
 /* ------------------------------------------------------------------ engine thread per GPU */
 static void *engine(void *arg) {
   vdev_t *d = arg;
@@ -955,7 +1010,7 @@ static void *engine(void *arg) {
     pthread_mutex_lock(&d->lock);
     for (int i = 0; i < d->nqueues; i++) {
       vqueue_t *q = d->queues[i];
-      if (atomic_load(&q->halted)) continue;
+      if (atomic_load(&q->halted) || atomic_load(&q->busy)) continue;
       moved |= q->type == HSA_QUEUE_COMPUTE_AQL ? aql_step(q) : sdma_step(q);
     }
     pthread_mutex_unlock(&d->lock);
@@ -1070,6 +1125,7 @@ EXPORT HSAKMT_STATUS hsaKmtDestroyQueue(HSA_QUEUEID id) {
   if (q->type != HSA_QUEUE_COMPUTE_AQL) d->sdma_queues--;
   pthread_mutex_unlock(&d->lock);
   pthread_mutex_unlock(&g_q_lock);
+  while (atomic_load(&q->busy)) { struct timespec ts = {0, 100000}; nanosleep(&ts, NULL); }
   hsaKmtFreeMemory(q->ctl, 4096);
   free(q);
   return HSAKMT_STATUS_SUCCESS;
@@ -1091,6 +1147,13 @@ EXPORT HSAKMT_STATUS hsaKmtOpenKFD(void) {
       atomic_store(&d->stop, 0);
       atomic_store(&d->pending_queue_error, 0);
       atomic_store(&g_drop_interrupts[n], 0);
+      pthread_mutex_init(&d->job_lock, NULL);
+      pthread_cond_init(&d->job_cond, NULL);
+      d->jobs = NULL;
+      d->jobs_tail = &d->jobs;
+      d->ncu = 0;
+      for (int c = 0; c < COMPUTE_UNITS; c++)
+        if (pthread_create(&d->cu[d->ncu], NULL, compute_unit, d) == 0) d->ncu++;
       d->running = pthread_create(&d->thread, NULL, engine, d) == 0;
     }
   }
@@ -1106,6 +1169,11 @@ EXPORT HSAKMT_STATUS hsaKmtCloseKFD(void) {
       atomic_store(&d->stop, 1);
       if (d->running) pthread_join(d->thread, NULL);
       d->running = 0;
+      pthread_mutex_lock(&d->job_lock);
+      pthread_cond_broadcast(&d->job_cond);
+      pthread_mutex_unlock(&d->job_lock);
+      for (int c = 0; c < d->ncu; c++) pthread_join(d->cu[c], NULL);
+      d->ncu = 0;
     }
     pthread_mutex_lock(&g_kc_lock);
     memset(g_kcache, 0, sizeof g_kcache);
