@@ -350,6 +350,11 @@ class HsaRuntime(Runtime):
         api = self.api
         optional = "all present" if not api.missing else "absent: " + ", ".join(api.missing)
         lines = [super().describe(), f"optional HSA calls: {optional}"]
+        if api.vkfd is not None:
+            vk = api.vkfd
+            lines.append(f"virtual KFD: {vk.version}; {vk.gpus} GPU(s), {vk.kfd.vkfd_sdma_limit(0)} SDMA "
+                         f"queue(s) per GPU, {'eager' if vk.kfd.vkfd_eager() else 'doorbell-driven'} "
+                         f"command processor")
         for agent in self.all_agents():
             lines.append(self._describe_agent(agent))
             for dev in self.devices:

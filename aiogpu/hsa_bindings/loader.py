@@ -166,8 +166,9 @@ HSA_FIX = ("needs an AMD GPU with the ROCm driver and ROCr installed (Debian pac
            "use the emulator backend where there is none")
 
 
-def make_virtual(reason: str, *, gpus: int = 1, sdma_queues: int | None = None, eager: bool = False) -> HsaApi:
-    """The real ROCr library over the virtual KFD with ``gpus`` GPUs, ``sdma_queues`` SDMA queues
+def make_virtual(reason: str, *, gpus: int | None = None, sdma_queues: int | None = None, eager: bool = False) -> HsaApi:
+    """The real ROCr library over the virtual KFD with ``gpus`` GPUs (default, as the emulator's,
+    AIOGPU_EMULATOR_GPUS or 2), ``sdma_queues`` SDMA queues
     granted per GPU before KFD refuses (default: 16, the engines' queue slots) and the eager
     command processor if ``eager``; ``hsa_init`` called (the caller balances it with
     ``shut_down``). BackendUnavailable where the library was not built or ROCr is missing;
@@ -175,6 +176,9 @@ def make_virtual(reason: str, *, gpus: int = 1, sdma_queues: int | None = None, 
     process has (ROCr's devices are fixed while it is initialised)."""
     from .. import vkfd as vkfd_module   # the one place the virtual KFD enters
 
+    if gpus is None:
+        raw = os.environ.get("AIOGPU_EMULATOR_GPUS", "2")
+        gpus = int(raw) if raw.isdigit() else -1
     if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 8:
         raise ValueError(f"hsa-virtual takes 1..8 GPUs, got {gpus!r}")
     sdma = 16 if sdma_queues is None else sdma_queues

@@ -31,6 +31,7 @@ LM_ID_NEWLM = -1
 RTLD_DI_LMID = 1
 
 INJECT_QUEUE_ERROR, INJECT_MEMORY_FAULT, INJECT_LOST_INTERRUPTS, INJECT_SDMA_QUEUES = 1, 2, 3, 4
+INJECT_MEMORY_FAULT_NEXT = 5
 # The per-GPU counters ``counters()`` reports (the C library's names, in its order).
 DISPATCH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64,
                                      ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint16),

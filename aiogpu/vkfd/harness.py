@@ -9,7 +9,8 @@ finds the kernel without reading ROCr's link map. The body is called as on the e
 ``body(launch, *args)``, with the explicit arguments decoded from the kernarg segment: pointer
 arguments become NumPy views (``DeviceArray``: an access out of bounds is a GPU memory fault)
 of the length of the Buffer behind them, which aiogpu knows at launch (``remember_lengths``;
-the real ABI passes bare pointers), else up to the end of the allocation holding the pointer.
+the real ABI passes bare pointers), else up to the end of the allocation holding the pointer
+(aiogpu sub-allocates: that may cover other buffers, so only launches aiogpu did not make see it).
 
 How a dispatch ends, as KFD and ROCr report it: a body's out-of-bounds access is a GPU memory
 fault (memory-exception event, the device's queues evicted); any other exception (BaseException
@@ -35,7 +36,7 @@ CP_ERROR_INVALID_CODE = 8          # AqlQueue::DynamicScratchHandler: "Invalid (
 CP_ERROR_TRAP = 0x80000000         # "Debug trap": HSA_STATUS_ERROR_EXCEPTION
 OPENCL_TYPES = {"f32": "float", "f64": "double", "i8": "char", "i16": "short", "i32": "int", "i64": "long",
                 "u8": "uchar", "u16": "ushort", "u32": "uint", "u64": "ulong"}
-_LENGTHS_KEPT = 4096
+_LENGTHS_KEPT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Registered:
 _lock = threading.Lock()
 _kernels: dict[int, Registered] = {}
 _lengths: "collections.OrderedDict[tuple[int, bytes], tuple[int, ...]]" = collections.OrderedDict()
+_by_address: dict[int, int] = {}       # pointer -> the byte length of its latest launch
 _code: list = []                       # code-object buffers ROCr's link map points at
 errors: "collections.deque[BaseException]" = collections.deque(maxlen=64)   # the bodies' recent failures
 _vk: Any = None
@@ -90,16 +92,21 @@ def register(kernel_object: int, name: str, body: Any, args: tuple, code: Any = 
 
 def remember_lengths(kernel_object: int, kernarg: bytes, lengths: list) -> None:
     """The byte lengths of a launch's pointer arguments (its Buffers'), for the dispatch whose
-    explicit kernel arguments are ``kernarg``'s."""
+    explicit kernel arguments are ``kernarg``'s; also per pointer, for dispatches whose exact
+    arguments were forgotten (a graph's, replayed long after it was built)."""
     entry = _kernels.get(kernel_object)
     if entry is None or not lengths:
         return
     key = (kernel_object, bytes(kernarg[:entry.explicit_size]))
+    lengths = tuple(int(n) for n in lengths)
+    pointers = [int.from_bytes(kernarg[off:off + 8], "little")
+                for a, off in zip(entry.args, entry.layout.offsets) if a.pointer]
     with _lock:
-        _lengths[key] = tuple(int(n) for n in lengths)
+        _lengths[key] = lengths
         _lengths.move_to_end(key)
         while len(_lengths) > _LENGTHS_KEPT:
             _lengths.popitem(last=False)
+        _by_address.update(zip(pointers, lengths))
 
 
 def _dispatch(gpu, kobj, karg, grid, wg, dims, _group, _private) -> int:
@@ -117,7 +124,7 @@ def _dispatch(gpu, kobj, karg, grid, wg, dims, _group, _private) -> int:
         values, _ = signature.unpack(entry.args, entry.layout, data)
         with _lock:
             lengths = _lengths.get((kobj, data[:entry.explicit_size]))
-        pointer_lengths = iter(lengths or ())
+            pointer_lengths = iter(lengths or [_by_address.get(int(v)) for a, v in zip(entry.args, values) if a.pointer])
         args = []
         for i, (a, v) in enumerate(zip(entry.args, values)):
             if a.pointer:

@@ -612,6 +612,7 @@ typedef struct vdev {
   int sdma_queues;
   int evicted;                    /* KFD: after a VM fault the process stays evicted here */
   _Atomic uint64_t pending_queue_error;
+  atomic_int pending_memory_fault;
   pthread_mutex_t job_lock;
   pthread_cond_t job_cond;
   job_t *jobs, **jobs_tail;
@@ -806,6 +807,7 @@ static int aql_step(vqueue_t *q) {
       COUNT(q->node, C_AQL_DISPATCH, 1);
       uint64_t injected = atomic_exchange(&g_dev[q->node].pending_queue_error, 0);
       if (injected) { queue_error(q, injected); return 1; }
+      if (atomic_exchange(&g_dev[q->node].pending_memory_fault, 0)) { vm_fault(q->node, karg); return 1; }
       if (!kobj) { queue_error(q, 8); return 1; }
       if (dims < 1 || dims > 3) { queue_error(q, 2); return 1; }
       if (karg && !node_can_access(karg, 16, q->node)) { vm_fault(q->node, karg); return 1; }
@@ -1146,6 +1148,7 @@ EXPORT HSAKMT_STATUS hsaKmtOpenKFD(void) {
       d->evicted = 0;
       atomic_store(&d->stop, 0);
       atomic_store(&d->pending_queue_error, 0);
+      atomic_store(&d->pending_memory_fault, 0);
       atomic_store(&g_drop_interrupts[n], 0);
       pthread_mutex_init(&d->job_lock, NULL);
       pthread_cond_init(&d->job_cond, NULL);
@@ -1221,7 +1224,8 @@ EXPORT uint64_t vkfd_counter(int gpu, int i) {
 }
 
 /* Fault injection on GPU `gpu` (0-based): 0 when done, -1 for a bad GPU or kind. */
-enum { INJECT_QUEUE_ERROR = 1, INJECT_MEMORY_FAULT = 2, INJECT_LOST_INTERRUPTS = 3, INJECT_SDMA_QUEUES = 4 };
+enum { INJECT_QUEUE_ERROR = 1, INJECT_MEMORY_FAULT = 2, INJECT_LOST_INTERRUPTS = 3, INJECT_SDMA_QUEUES = 4,
+       INJECT_MEMORY_FAULT_NEXT = 5 };
 EXPORT int vkfd_inject(int gpu, int kind, uint64_t arg) {
   if (gpu < 0 || gpu >= g_gpus) return -1;
   HSAuint32 node = (HSAuint32)gpu + 1;
@@ -1229,6 +1233,7 @@ EXPORT int vkfd_inject(int gpu, int kind, uint64_t arg) {
     case INJECT_QUEUE_ERROR: atomic_store(&g_dev[node].pending_queue_error, arg ? arg : 0x80000000ULL); return 0;
     case INJECT_MEMORY_FAULT: vm_fault(node, arg); return 0;
     case INJECT_LOST_INTERRUPTS: atomic_store(&g_drop_interrupts[node], (int64_t)arg); return 0;
+    case INJECT_MEMORY_FAULT_NEXT: atomic_store(&g_dev[node].pending_memory_fault, 1); return 0;
     case INJECT_SDMA_QUEUES: pthread_mutex_lock(&g_cfg_lock); g_sdma_limit[node] = (int)arg; pthread_mutex_unlock(&g_cfg_lock); return 0;
     default: return -1;
   }
