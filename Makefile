@@ -2,12 +2,13 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# (re-installed when the build changes: pyproject, setup.py, the optional C hot path's source)
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py aiogpu/cuda/_hotc.c | cksum | cut -d' ' -f1)
+# (re-installed when the build changes: pyproject, setup.py, the optional C parts' sources)
+C_SOURCES := aiogpu/cuda/_hotc.c aiogpu/vkfd/vkfd.c aiogpu/vkfd/hsakmt.ver
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml setup.py $(C_SOURCES) | cksum | cut -d' ' -f1)
 
 .PHONY: demo test bench info stress clean
 
-$(STAMP): pyproject.toml setup.py aiogpu/cuda/_hotc.c
+$(STAMP): pyproject.toml setup.py $(C_SOURCES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,ray]'
@@ -26,4 +27,4 @@ info: $(STAMP)
 	$(PY) -m aiogpu info
 
 clean:
-	rm -rf $(VENV) build *.egg-info aiogpu/cuda/_hotc*.so
+	rm -rf $(VENV) build *.egg-info aiogpu/cuda/_hotc*.so aiogpu/vkfd/libhsakmt.so*
