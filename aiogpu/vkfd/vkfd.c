@@ -438,10 +438,21 @@ EXPORT HSAKMT_STATUS hsaKmtSetTrapHandler(HSAuint32 n, void *base, HSAuint64 siz
 }
 
 /* ------------------------------------------------------------------ events */
+/* KFD's semantics (kfd_events.c): setting an auto-reset event that has waiters activates every
+ * one of them and leaves the event unsignaled; without waiters the event stays signaled, and
+ * the next wait consumes that (init_event_waiter_get_status). A flag that the first waiter
+ * resets would lose the wake-up of a second thread waiting on the same event. */
+typedef struct waiter {
+  struct waiter *next;
+  struct fevent *ev;
+  int activated;
+} waiter_t;
+
 typedef struct fevent {
   HsaEvent ev;            /* first: ROCr holds HsaEvent* */
   int manual;
   int signaled;
+  waiter_t *waiters;
 } fevent_t;
 
 static pthread_mutex_t g_ev_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -497,53 +508,79 @@ EXPORT HSAKMT_STATUS hsaKmtCreateEvent(HsaEventDescriptor *d, bool manual, bool 
 
 EXPORT HSAKMT_STATUS hsaKmtDestroyEvent(HsaEvent *ev) {
   if (!ev) return HSAKMT_STATUS_INVALID_HANDLE;
+  fevent_t *e = (fevent_t *)ev;
   pthread_mutex_lock(&g_ev_lock);
-  if (ev->EventId < MAX_EVENTS && g_events[ev->EventId] == (fevent_t *)ev) g_events[ev->EventId] = NULL;
+  if (ev->EventId < MAX_EVENTS && g_events[ev->EventId] == e) g_events[ev->EventId] = NULL;
+  for (waiter_t *w = e->waiters; w; w = w->next) { w->ev = NULL; w->activated = 1; }   /* KFD wakes them */
+  pthread_cond_broadcast(&g_ev_cond);
   pthread_mutex_unlock(&g_ev_lock);
-  free(ev);
+  free(e);
   return HSAKMT_STATUS_SUCCESS;
+}
+
+/* Under g_ev_lock. */
+static void set_locked(fevent_t *e) {
+  if (e->waiters) {
+    for (waiter_t *w = e->waiters; w; w = w->next) w->activated = 1;
+    e->signaled = e->manual;
+  } else {
+    e->signaled = 1;
+  }
+  pthread_cond_broadcast(&g_ev_cond);
 }
 
 EXPORT HSAKMT_STATUS hsaKmtSetEvent(HsaEvent *ev) {
   ev_init();
   pthread_mutex_lock(&g_ev_lock);
-  ((fevent_t *)ev)->signaled = 1;
-  pthread_cond_broadcast(&g_ev_cond);
+  set_locked((fevent_t *)ev);
   pthread_mutex_unlock(&g_ev_lock);
   return HSAKMT_STATUS_SUCCESS;
 }
 
 static void raise_event(uint32_t id) {
   pthread_mutex_lock(&g_ev_lock);
-  if (id < MAX_EVENTS && g_events[id]) g_events[id]->signaled = 1;
-  pthread_cond_broadcast(&g_ev_cond);
+  if (id < MAX_EVENTS && g_events[id]) set_locked(g_events[id]);
   pthread_mutex_unlock(&g_ev_lock);
 }
 
 EXPORT HSAKMT_STATUS hsaKmtWaitOnMultipleEvents(HsaEvent *evs[], HSAuint32 n, bool all, HSAuint32 ms) {
+  if (!evs || !n) return HSAKMT_STATUS_INVALID_PARAMETER;
   ev_init();
   struct timespec dl;
   clock_gettime(CLOCK_MONOTONIC, &dl);
   dl.tv_sec += ms / 1000;
   dl.tv_nsec += (long)(ms % 1000) * 1000000L;
   if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+  waiter_t local[8], *ws = n <= 8 ? local : calloc(n, sizeof(waiter_t));
+  if (!ws) return HSAKMT_STATUS_NO_MEMORY;
+  HSAKMT_STATUS status = HSAKMT_STATUS_WAIT_TIMEOUT;
   pthread_mutex_lock(&g_ev_lock);
+  for (HSAuint32 i = 0; i < n; i++) {       /* init_event_waiter_get_status */
+    fevent_t *e = (fevent_t *)evs[i];
+    ws[i].ev = e;
+    ws[i].activated = e->signaled;
+    if (e->signaled && !e->manual) e->signaled = 0;
+    ws[i].next = e->waiters;
+    e->waiters = &ws[i];
+  }
   for (;;) {
     HSAuint32 hit = 0;
-    for (HSAuint32 i = 0; i < n; i++) hit += ((fevent_t *)evs[i])->signaled != 0;
-    if ((all && hit == n) || (!all && hit)) {
-      for (HSAuint32 i = 0; i < n; i++)
-        if (!((fevent_t *)evs[i])->manual) ((fevent_t *)evs[i])->signaled = 0;
-      pthread_mutex_unlock(&g_ev_lock);
-      return HSAKMT_STATUS_SUCCESS;
-    }
+    for (HSAuint32 i = 0; i < n; i++) hit += ws[i].activated != 0;
+    if ((all && hit == n) || (!all && hit)) { status = HSAKMT_STATUS_SUCCESS; break; }
     if (ms == 0) break;
     int rc = ms == HSA_EVENTTIMEOUT_INFINITE ? pthread_cond_wait(&g_ev_cond, &g_ev_lock)
                                              : pthread_cond_timedwait(&g_ev_cond, &g_ev_lock, &dl);
     if (rc == ETIMEDOUT) break;
   }
+  for (HSAuint32 i = 0; i < n; i++) {       /* unlink (events destroyed meanwhile cleared ev) */
+    fevent_t *e = ws[i].ev;
+    if (!e) continue;
+    for (waiter_t **pp = &e->waiters; *pp; pp = &(*pp)->next)
+      if (*pp == &ws[i]) { *pp = ws[i].next; break; }
+  }
   pthread_mutex_unlock(&g_ev_lock);
-  return HSAKMT_STATUS_WAIT_TIMEOUT;
+  if (ws != local) free(ws);
+  return status;
 }
 
 EXPORT HSAKMT_STATUS hsaKmtWaitOnEvent(HsaEvent *ev, HSAuint32 ms) { return hsaKmtWaitOnMultipleEvents(&ev, 1, true, ms); }
@@ -610,7 +647,7 @@ typedef struct vdev {
   vqueue_t *queues[MAX_QUEUES];
   int nqueues;
   int sdma_queues;
-  int evicted;                    /* KFD: after a VM fault the process stays evicted here */
+  atomic_int evicted;             /* KFD: after a VM fault the process stays evicted here */
   _Atomic uint64_t pending_queue_error;
   atomic_int pending_memory_fault;
   pthread_mutex_t job_lock;
@@ -1009,6 +1046,7 @@ static void *engine(void *arg) {
   unsigned idle = 0;
   while (!atomic_load(&d->stop)) {
     int moved = 0;
+    if (atomic_load(&d->evicted)) { struct timespec ts = {0, 1000000}; nanosleep(&ts, NULL); continue; }
     pthread_mutex_lock(&d->lock);
     for (int i = 0; i < d->nqueues; i++) {
       vqueue_t *q = d->queues[i];
@@ -1029,15 +1067,10 @@ static void *engine(void *arg) {
 
 static void vm_fault(HSAuint32 node, uint64_t addr) {
   COUNT(node, C_MEMORY_FAULTS, 1);
-  vdev_t *d = &g_dev[node];
-  /* KFD (kfd_dqm_evict_pasid) evicts every queue of the process on the device; queues created
-   * later are created evicted while the process stays evicted there. The engine thread may hold
-   * d->lock (a fault it found itself), so the halt goes through the global queue table. */
-  d->evicted = 1;
-  pthread_mutex_lock(&g_q_lock);
-  for (int i = 0; i < MAX_QUEUES; i++)
-    if (g_queues[i] && g_queues[i]->node == node) atomic_store(&g_queues[i]->halted, 1);
-  pthread_mutex_unlock(&g_q_lock);
+  /* KFD (kfd_dqm_evict_pasid) evicts every queue of the process on the device, and queues
+   * created later are created evicted while the process stays evicted there: the engine and
+   * hsaKmtCreateQueue read the flag (no queue lock here: the engine may be the caller). */
+  atomic_store(&g_dev[node].evicted, 1);
   pthread_mutex_lock(&g_ev_lock);
   for (int i = 0; i < MAX_EVENTS; i++) {
     fevent_t *e = g_events[i];
@@ -1048,10 +1081,9 @@ static void vm_fault(HSAuint32 node, uint64_t addr) {
       f->VirtualAddress = addr;
       f->Failure.NotPresent = 1;
       f->Flags = HSA_EVENTID_MEMORY_FATAL_PROCESS;
-      e->signaled = 1;
+      set_locked(e);
     }
   }
-  pthread_cond_broadcast(&g_ev_cond);
   pthread_mutex_unlock(&g_ev_lock);
 }
 
@@ -1101,7 +1133,7 @@ EXPORT HSAKMT_STATUS hsaKmtCreateQueue(HSAuint32 node, HSA_QUEUE_TYPE type, HSAu
   }
   r->QueueId = q->id;
   r->Queue_DoorBell_aql = (HSAuint64 *)q->doorbell;
-  if (d->evicted) atomic_store(&q->halted, 1);   /* kfd create_queue: evicted while qpd->evicted */
+  if (atomic_load(&d->evicted)) atomic_store(&q->halted, 1);   /* kfd create_queue: evicted while qpd->evicted */
   g_queues[slot] = q;
   d->queues[d->nqueues++] = q;
   pthread_mutex_unlock(&d->lock);
@@ -1145,7 +1177,7 @@ EXPORT HSAKMT_STATUS hsaKmtOpenKFD(void) {
       pthread_mutex_init(&d->lock, NULL);
       d->nqueues = 0;
       d->sdma_queues = 0;
-      d->evicted = 0;
+      atomic_store(&d->evicted, 0);
       atomic_store(&d->stop, 0);
       atomic_store(&d->pending_queue_error, 0);
       atomic_store(&d->pending_memory_fault, 0);
@@ -1252,6 +1284,14 @@ EXPORT int vkfd_allocation(uint64_t va, uint64_t *base, uint64_t *size) {
 }
 /* A kernel object aiogpu loaded (its dispatches go to the callback, whatever its code). */
 EXPORT void vkfd_note_user_kernel(uint64_t kobj) { kcache_set(kobj, K_USER); }
+/* How many threads wait on a KFD event now (tests order a set after the waits with it). */
+EXPORT int vkfd_event_waiters(HsaEvent *ev) {
+  int n = 0;
+  pthread_mutex_lock(&g_ev_lock);
+  for (waiter_t *w = ((fevent_t *)ev)->waiters; w; w = w->next) n++;
+  pthread_mutex_unlock(&g_ev_lock);
+  return n;
+}
 /* Drop cached kernel kinds in freed code memory (called when aiogpu unloads an executable). */
 EXPORT void vkfd_forget_code(uint64_t base, uint64_t size) { kcache_forget(base, size); }
 /* Whether this library is the virtual KFD (for a loader that found a libhsakmt.so.1). */
