@@ -623,6 +623,9 @@ typedef struct vqueue {
   volatile uint64_t *doorbell;    /* ours: ROCr stores the last packet index (AQL) or the wptr (SDMA) */
   atomic_int halted;              /* a queue error or an eviction stopped it */
   atomic_int busy;                /* a dispatch of this queue is on a compute unit */
+  atomic_int refs;                /* the queue table's and a running dispatch's */
+  int destroyed;                  /* under mu: ROCr destroyed it; its memory is gone */
+  pthread_mutex_t mu;
   uint64_t *ctl;                  /* our page: doorbell, SDMA rptr and wptr */
 } vqueue_t;
 
@@ -860,6 +863,7 @@ static int aql_step(vqueue_t *q) {
                    dims, *(uint32_t *)(pkt + 28), *(uint32_t *)(pkt + 24)};
       vdev_t *d = &g_dev[q->node];
       atomic_store(&q->busy, 1);
+      atomic_fetch_add(&q->refs, 1);
       pthread_mutex_lock(&d->job_lock);
       *d->jobs_tail = j;
       d->jobs_tail = &j->next;
@@ -1010,24 +1014,43 @@ static int sdma_step(vqueue_t *q) {
 }
 
 /* ------------------------------------------------------------------ compute units */
+static void queue_unref(vqueue_t *q) {
+  if (atomic_fetch_sub(&q->refs, 1) == 1) {
+    pthread_mutex_destroy(&q->mu);
+    free(q);
+  }
+}
+
+/* A dispatch of a queue destroyed meanwhile is dropped, as KFD's preemption of a destroyed queue
+ * drops it: nothing is written to memory ROCr has freed. (A body already running finishes.) */
 static void run_job(job_t *j) {
   vqueue_t *q = j->q;
-  atomic_fetch_add(&g_cb_inflight, 1);
-  dispatch_cb_t cb = atomic_load(&g_dispatch_cb);
-  int64_t rc = cb ? cb(q->node - 1, j->kobj, j->karg, j->grid, j->wg, j->dims, j->group, j->priv) : 8;
-  atomic_fetch_sub(&g_cb_inflight, 1);
-  if (rc == 0) retire(q, j->pkt, j->r, j->completion);
-  else if (rc < 0) vm_fault(q->node, atomic_load(&g_fault_addr));
-  else queue_error(q, (uint64_t)rc);
-  atomic_store(&q->busy, 0);
+  pthread_mutex_lock(&q->mu);
+  int gone = q->destroyed;
+  pthread_mutex_unlock(&q->mu);
+  int64_t rc = 0;
+  if (!gone) {
+    atomic_fetch_add(&g_cb_inflight, 1);
+    dispatch_cb_t cb = atomic_load(&g_dispatch_cb);
+    rc = cb ? cb(q->node - 1, j->kobj, j->karg, j->grid, j->wg, j->dims, j->group, j->priv) : 8;
+    atomic_fetch_sub(&g_cb_inflight, 1);
+  }
+  pthread_mutex_lock(&q->mu);
+  if (!q->destroyed) {
+    if (rc == 0) retire(q, j->pkt, j->r, j->completion);
+    else if (rc < 0) vm_fault(q->node, atomic_load(&g_fault_addr));
+    else queue_error(q, (uint64_t)rc);
+    atomic_store(&q->busy, 0);
+  }
+  pthread_mutex_unlock(&q->mu);
+  queue_unref(q);
 }
 
 static void *compute_unit(void *arg) {
   vdev_t *d = arg;
   pthread_mutex_lock(&d->job_lock);
   for (;;) {
-    while (!d->jobs && !atomic_load(&d->stop)) pthread_cond_wait(&d->job_cond, &d->job_lock);
-    if (!d->jobs) break;          /* stopping, and nothing left */
+    while (!d->jobs) pthread_cond_wait(&d->job_cond, &d->job_lock);
     job_t *j = d->jobs;
     d->jobs = j->next;
     if (!d->jobs) d->jobs_tail = &d->jobs;
@@ -1116,6 +1139,8 @@ EXPORT HSAKMT_STATUS hsaKmtCreateQueue(HSAuint32 node, HSA_QUEUE_TYPE type, HSAu
     return sdma ? HSAKMT_STATUS_ERROR : HSAKMT_STATUS_OUT_OF_RESOURCES;
   }
   q->id = (HSA_QUEUEID)(slot + 1);
+  pthread_mutex_init(&q->mu, NULL);
+  atomic_store(&q->refs, 1);
   q->type = type; q->node = node; q->ring = addr; q->ring_size = size; q->ctl = ctl;
   q->doorbell = &q->ctl[0];
   if (sdma) {
@@ -1159,9 +1184,11 @@ EXPORT HSAKMT_STATUS hsaKmtDestroyQueue(HSA_QUEUEID id) {
   if (q->type != HSA_QUEUE_COMPUTE_AQL) d->sdma_queues--;
   pthread_mutex_unlock(&d->lock);
   pthread_mutex_unlock(&g_q_lock);
-  while (atomic_load(&q->busy)) { struct timespec ts = {0, 100000}; nanosleep(&ts, NULL); }
+  pthread_mutex_lock(&q->mu);     /* waits for a dispatch completing now, not for a running body */
+  q->destroyed = 1;
+  pthread_mutex_unlock(&q->mu);
   hsaKmtFreeMemory(q->ctl, 4096);
-  free(q);
+  queue_unref(q);
   return HSAKMT_STATUS_SUCCESS;
 }
 
@@ -1182,13 +1209,14 @@ EXPORT HSAKMT_STATUS hsaKmtOpenKFD(void) {
       atomic_store(&d->pending_queue_error, 0);
       atomic_store(&d->pending_memory_fault, 0);
       atomic_store(&g_drop_interrupts[n], 0);
-      pthread_mutex_init(&d->job_lock, NULL);
-      pthread_cond_init(&d->job_cond, NULL);
-      d->jobs = NULL;
-      d->jobs_tail = &d->jobs;
-      d->ncu = 0;
-      for (int c = 0; c < COMPUTE_UNITS; c++)
-        if (pthread_create(&d->cu[d->ncu], NULL, compute_unit, d) == 0) d->ncu++;
+      if (!d->ncu) {   /* compute units live as long as the process: a body may outlast ROCr */
+        pthread_mutex_init(&d->job_lock, NULL);
+        pthread_cond_init(&d->job_cond, NULL);
+        d->jobs = NULL;
+        d->jobs_tail = &d->jobs;
+        for (int c = 0; c < COMPUTE_UNITS; c++)
+          if (pthread_create(&d->cu[d->ncu], NULL, compute_unit, d) == 0) d->ncu++;
+      }
       d->running = pthread_create(&d->thread, NULL, engine, d) == 0;
     }
   }
@@ -1204,11 +1232,6 @@ EXPORT HSAKMT_STATUS hsaKmtCloseKFD(void) {
       atomic_store(&d->stop, 1);
       if (d->running) pthread_join(d->thread, NULL);
       d->running = 0;
-      pthread_mutex_lock(&d->job_lock);
-      pthread_cond_broadcast(&d->job_cond);
-      pthread_mutex_unlock(&d->job_lock);
-      for (int c = 0; c < d->ncu; c++) pthread_join(d->cu[c], NULL);
-      d->ncu = 0;
     }
     pthread_mutex_lock(&g_kc_lock);
     memset(g_kcache, 0, sizeof g_kcache);
