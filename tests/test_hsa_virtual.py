@@ -274,3 +274,12 @@ def test_the_emulator_and_real_rocr_share_one_process():
     api, why = loader.try_real()
     assert api is None and "0x1008" in why or api is not None
     assert VIRTUAL_OK
+
+
+def test_stress_on_the_real_rocr_with_the_eager_command_processor_runs_clean():
+    """``python -m aiogpu stress --backend hsa-virtual`` in small: random kernels, copies, peer
+    copies, gathers and graph replays on two virtual GPUs, every read-back checked."""
+    from aiogpu.cli import stress
+    stats, leaks = stress.run_stress(ops=1500, gpus=2, seed=3, tasks=32, backend="hsa-virtual")
+    assert (stats.ops, stats.mismatches, stats.unexpected, stats.hangs, leaks) == (1500, 0, 0, 0, {})
+    assert stats.checks > 0
