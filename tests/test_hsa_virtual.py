@@ -283,3 +283,17 @@ def test_stress_on_the_real_rocr_with_the_eager_command_processor_runs_clean():
     stats, leaks = stress.run_stress(ops=1500, gpus=2, seed=3, tasks=32, backend="hsa-virtual")
     assert (stats.ops, stats.mismatches, stats.unexpected, stats.hangs, leaks) == (1500, 0, 0, 0, {})
     assert stats.checks > 0
+
+
+def test_hsa_virtual_works_in_a_process_that_loaded_the_real_thunk_first():
+    """The real ROCr (and with it the real libhsakmt.so.1) loaded and initialised in the
+    process's own namespace first, as the hsa backend's probe does: hsa-virtual still binds ROCr
+    to the virtual KFD in a namespace of its own."""
+    out = _run("""
+        import ctypes, aiogpu
+        real = ctypes.CDLL("libhsa-runtime64.so.1")
+        print("real hsa_init", hex(real.hsa_init()))
+        with aiogpu.Runtime("hsa-virtual", gpus=1) as rt:
+            print("virtual", len(rt.devices), rt.api.vkfd.version)
+    """)
+    assert "real hsa_init 0x1008" in out.stdout and "virtual 1 vkfd" in out.stdout, out.stdout + out.stderr
