@@ -167,7 +167,8 @@ def load() -> VirtualKfd:
 
 def _dlerror(libc: ctypes.CDLL) -> str:
     err = libc.dlerror()
-    return ctypes.cast(err, ctypes.c_char_p).value.decode(errors="replace") if err else "unknown error"
+    text = ctypes.cast(err, ctypes.c_char_p).value if err else None
+    return text.decode(errors="replace") if text else "unknown error"
 
 
 def _load() -> VirtualKfd:

@@ -19,6 +19,7 @@ callback; a kernel object nobody registered an invalid code object.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
 import threading
@@ -75,6 +76,8 @@ def install(vk: Any) -> None:
         if _vk is None:
             _vk = vk
             vk.set_dispatch_callback(_dispatch)
+            # no engine thread may call into an interpreter that is finalising
+            atexit.register(vk.set_dispatch_callback, None)
 
 
 def register(kernel_object: int, name: str, body: Any, args: tuple, code: Any = None) -> None:
@@ -98,15 +101,15 @@ def remember_lengths(kernel_object: int, kernarg: bytes, lengths: list) -> None:
     if entry is None or not lengths:
         return
     key = (kernel_object, bytes(kernarg[:entry.explicit_size]))
-    lengths = tuple(int(n) for n in lengths)
+    sizes = tuple(int(n) for n in lengths)
     pointers = [int.from_bytes(kernarg[off:off + 8], "little")
                 for a, off in zip(entry.args, entry.layout.offsets) if a.pointer]
     with _lock:
-        _lengths[key] = lengths
+        _lengths[key] = sizes
         _lengths.move_to_end(key)
         while len(_lengths) > _LENGTHS_KEPT:
             _lengths.popitem(last=False)
-        _by_address.update(zip(pointers, lengths))
+        _by_address.update(zip(pointers, sizes))
 
 
 def _dispatch(gpu, kobj, karg, grid, wg, dims, _group, _private) -> int:
