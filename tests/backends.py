@@ -38,9 +38,19 @@ CUDA_OK, CUDA_WHY = cuda_available()
 
 
 def _hsa_virtual_available() -> tuple[bool, str]:
+    """The virtual KFD with ROCr, and comgr with the OpenCL headers: the test kernels have only
+    NumPy bodies, and ROCr needs a code object, compiled from their signatures."""
     from aiogpu import vkfd
+    from aiogpu.hsa_bindings import comgr
 
-    return vkfd.available()
+    ok, why = vkfd.available()
+    if not ok:
+        return ok, why
+    has_comgr, why_not = comgr.available()
+    if not has_comgr or comgr.opencl_header_dir() is None:
+        return False, f"comgr cannot compile the kernels' stub code objects ({why_not}; needs libamd-comgr2, " \
+                      f"rocm-device-libs and libclang-common-14-dev)"
+    return True, why
 
 
 VIRTUAL_OK, VIRTUAL_WHY = _hsa_virtual_available()
