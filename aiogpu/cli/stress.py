@@ -37,12 +37,28 @@ WORDS = 64          # int64 elements per buffer
 OP_TIMEOUT_S = 60.0  # an await that takes longer than this counts as a hang
 
 
-@aiogpu.kernel("i64*, i64")
+# Launched over grid=(WORDS,) on WORDS-word buffers: one work-item per word, so the OpenCL C
+# (AMD agents; comgr compiles it) does what the bodies do to the whole buffer.
+ADD_CONST_CL = """
+__kernel void add_const(__global long* x, long c) {
+    x[get_global_id(0)] += c;
+}
+"""
+
+ADD_BUF_CL = """
+__kernel void add_buf(__global long* dst, __global const long* src) {
+    size_t i = get_global_id(0);
+    dst[i] += src[i];
+}
+"""
+
+
+@aiogpu.kernel("i64*, i64", opencl=ADD_CONST_CL)
 def add_const(launch, x, c):
     x[:] += c
 
 
-@aiogpu.kernel("i64*, const i64*")
+@aiogpu.kernel("i64*, const i64*", opencl=ADD_BUF_CL)
 def add_buf(launch, dst, src):
     dst[:] += src[:]
 
