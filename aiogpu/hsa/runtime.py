@@ -3,6 +3,9 @@ on SDMA engines, joins as barrier-AND packets, fault handling, and what ``info``
 from __future__ import annotations
 
 import ctypes
+import itertools
+import threading
+import weakref
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,6 +20,7 @@ from ..queues import barrier_and_packets
 from ..runtime import CopyOp, Runtime
 from ..signals import CompletionHub
 from .device import HsaDevice
+from .kernels import unload_kernel
 from .memory import HostLocks
 
 KERNARG_RING_BYTES = 256 << 10
@@ -90,8 +94,7 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks: list[int] = []
         self.host = HostLocks(self.api, self.all_agents)
         self.memory_faults: list[dict] = []
-        self._event_cb = T.system_event_callback_t(self._on_system_event)
-        self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
+        SYSTEM_EVENTS.attach(self)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.hub.on_timeout = self._on_timeout
@@ -103,8 +106,7 @@ class HsaRuntime(Runtime):
             hub.close()
         for dev in getattr(self, "devices", []):
             dev._destroy()
-        if self.api.backend == "emulator":
-            self.api.hsa_shut_down()
+        SYSTEM_EVENTS.detach(self)
 
     # -- discovery -----------------------------------------------------------------------------
     def _discover_agents(self) -> tuple[Any, list]:
@@ -368,11 +370,114 @@ class HsaRuntime(Runtime):
     def _release(self) -> None:
         for dev in self.devices:
             dev._destroy()          # queues first: no packet reads a signal or kernarg after
+        for dev in self.devices:    # then the executables, and with them their code objects' memory
+            for loaded in dev._kernels.values():
+                unload_kernel(self.api, loaded)
+            dev._kernels.clear()
         for block in self._kernarg_blocks:
             self.api.hsa_amd_memory_pool_free(block)
         self.hub.close()
-        if self.backend == "emulator":
-            self.api.hsa_shut_down()
+        SYSTEM_EVENTS.detach(self)     # last: balances the hsa_init this runtime's library made
+
+
+class _SystemEvents:
+    """The process's one ROCr system-event handler per initialised HSA library, and the
+    balance of each runtime's ``hsa_init`` with ``hsa_shut_down``.
+
+    ROCr keeps every handler given to ``hsa_amd_register_system_event_handler`` until its last
+    ``hsa_shut_down`` destroys the runtime (Runtime::SetCustomSystemEventHandler appends to
+    ``system_event_handlers_``; 5.2.3 has no call that removes one). A C callback per Runtime
+    would dangle once that Runtime is collected, so one callback, alive as long as this module,
+    is registered once per initialisation of a library (by the first runtime on it), and hands
+    each event to the live runtimes on that library (held weakly: a collected runtime is simply
+    not called; a closed one has left). Every runtime holds one ``hsa_init`` of its library
+    (made by ``loader``); ``detach`` gives it back. ROCr counts those references: when aiogpu's
+    last one is given back the library is shut down unless someone else in the process still
+    holds one (``hsa_system_get_info`` then still answers), and the next runtime registers the
+    callback again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()              # the registry (the callback takes it)
+        self._opening = threading.Lock()           # attach/detach, shut-down included
+        self._serials = itertools.count(1)
+        self._libraries: dict[int, dict] = {}       # library key -> its entry
+        self._by_serial: dict[int, dict] = {}       # the callback's user data -> the entry
+        self.callback = T.system_event_callback_t(self._on_event)
+
+    @staticmethod
+    def _key(api: Any) -> int:
+        # The real library: its dlopen handle (one ROCr per process, however often loaded);
+        # the emulator: the object, one emulated process each.
+        handle = getattr(api.library, "_handle", None)
+        return handle if handle is not None else id(api.library)
+
+    def attach(self, rt: "HsaRuntime") -> None:
+        """``rt`` receives its library's system events from now on; registers the callback
+        if nobody on this library has since it was initialised. HsaError if ROCr refuses."""
+        api, key = rt.api, self._key(rt.api)
+        with self._opening, self._lock:
+            entry = self._libraries.get(key)
+            if entry is None:
+                entry = {"serial": next(self._serials), "registered": False, "opens": 0,
+                         "runtimes": weakref.WeakSet()}
+                self._libraries[key] = entry
+                self._by_serial[entry["serial"]] = entry
+                if getattr(api.library, "_handle", None) is None:   # an emulator: forget it with it
+                    weakref.finalize(api.library, self._forget, key)
+            if not entry["registered"]:
+                api.check(api.hsa_amd_register_system_event_handler(self.callback, entry["serial"]),
+                          "hsa_amd_register_system_event_handler")
+                entry["registered"] = True
+            entry["opens"] += 1
+            entry["runtimes"].add(rt)
+            rt._events_attached = True
+
+    def detach(self, rt: "HsaRuntime") -> None:
+        """``rt`` is closing (its queues are destroyed and its waiter stopped): it receives no
+        more events, and its ``hsa_init`` is balanced by ``hsa_shut_down`` (also where
+        ``attach`` was never reached: a construction that failed part-way). Idempotent."""
+        api, key = rt.api, self._key(rt.api)
+        with self._opening:
+            with self._lock:
+                if getattr(rt, "_events_shut_down", False):
+                    return
+                rt._events_shut_down = True
+                entry = self._libraries.get(key)
+                if entry is not None and getattr(rt, "_events_attached", False):
+                    entry["runtimes"].discard(rt)
+                    entry["opens"] -= 1
+            # Without the registry's lock: ROCr's shut-down joins its event thread, which may be
+            # in the callback.
+            api.hsa_shut_down()
+            if entry is not None and entry["opens"] <= 0:
+                # Still initialised (another holder's hsa_init): ROCr keeps the handler.
+                major = ctypes.c_uint16()
+                entry["registered"] = api.hsa_system_get_info(
+                    T.HSA_SYSTEM_INFO_VERSION_MAJOR, ctypes.byref(major)) == T.HSA_STATUS_SUCCESS
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            entry = self._libraries.pop(key, None)
+            if entry is not None:
+                self._by_serial.pop(entry["serial"], None)
+
+    def _on_event(self, event_ptr: Any, data: Any) -> int:
+        # A driver thread: find the live runtimes and let each copy out what concerns it.
+        with self._lock:
+            entry = self._by_serial.get(data or 0)
+            runtimes = list(entry["runtimes"]) if entry is not None else []
+        for rt in runtimes:
+            try:
+                rt._on_system_event(event_ptr, None)
+            except Exception:  # noqa: BLE001 - one runtime's trouble must not hide the event from the others
+                pass
+        # No runtime of aiogpu's on this library: the event is not ours to take (for a memory
+        # fault ROCr then reports it and aborts, as it does for a process without handlers).
+        return T.HSA_STATUS_SUCCESS if runtimes else T.HSA_STATUS_ERROR
+
+
+# Module level, never freed: ROCr may call the callback until the process exits.
+SYSTEM_EVENTS = _SystemEvents()
 
 
 def _check_positive(name: str, value: Any, kind: Any) -> None:

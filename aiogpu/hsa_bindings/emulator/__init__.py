@@ -174,6 +174,12 @@ class _State:
         self.ctx = ctx
         self.queues = QueueTable()
         self.copies = copies
+        # ROCr's loader does not copy a code object read from memory: the reader keeps the
+        # caller's pointer and every loaded code object's link-map entry (r_debug, a
+        # memory://<pid>#offset=&size= URI that debuggers and profilers read) names it until
+        # the executable is destroyed (CodeObjectReaderImpl::SetMemory, ExecutableImpl::LoadCodeObject).
+        self.readers: dict[int, tuple[int, int]] = {}                        # reader -> (address, size)
+        self.link_map: dict[int, list[tuple[int, int, bytes]]] = {}          # executable -> (address, size, bytes)
 
     def evict(self, gpu: int) -> None:
         """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
@@ -286,6 +292,21 @@ class EmulatedLibrary:
     @property
     def initialized(self) -> bool:
         return self._state is not None
+
+    def link_map(self) -> list[tuple[int, int, bool]]:
+        """(address, size, intact) of every code object loaded into a live executable, as
+        ROCr's loader link map names them: ``intact`` is False when the memory there no longer
+        holds the bytes that were loaded (the caller freed or reused it)."""
+        state = self._require_state()
+        with self._lock:
+            entries = [e for loaded in state.link_map.values() for e in loaded]
+        return [(address, size, ctypes.string_at(address, size) == data) for address, size, data in entries]
+
+    @property
+    def init_count(self) -> int:
+        """``hsa_init`` calls not yet balanced by ``hsa_shut_down`` (ROCr's reference count:
+        Runtime::Acquire/Release; the last shut-down destroys the runtime, handlers included)."""
+        return self._init_count
 
     def queue_error_cause(self, queue_id: int, packet: int | None = None) -> BaseException | None:
         """The exception that explains the queue error reported for ``packet`` of queue
@@ -603,12 +624,16 @@ class EmulatedLibrary:
     @hsa_function
     def hsa_code_object_reader_create_from_memory(self, code_object: int | None, size: int, reader: Any) -> int:
         handle = self._ctx().code.create_reader(address_of(code_object), size)
+        with self._lock:
+            self._require_state().readers[handle] = (address_of(code_object), size)
         store_handle(reader, handle)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_code_object_reader_destroy(self, reader: T.hsa_code_object_reader_t) -> int:
         self._ctx().code.destroy_reader(reader.handle)
+        with self._lock:
+            self._require_state().readers.pop(reader.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
@@ -625,6 +650,10 @@ class EmulatedLibrary:
         gpu = self._agent(agent)
         require(gpu.is_gpu, T.HSA_STATUS_ERROR_INVALID_AGENT, "code objects load on GPU agents")
         handle = self._ctx().code.load(executable.handle, gpu.gpu, reader.handle)
+        state = self._require_state()
+        with self._lock:
+            address, size = state.readers[reader.handle]
+            state.link_map.setdefault(executable.handle, []).append((address, size, ctypes.string_at(address, size)))
         if loaded_code_object:
             loaded_code_object[0].handle = handle
         return T.HSA_STATUS_SUCCESS
@@ -637,6 +666,8 @@ class EmulatedLibrary:
     @hsa_function
     def hsa_executable_destroy(self, executable: T.hsa_executable_t) -> int:
         self._ctx().code.destroy_executable(executable.handle)
+        with self._lock:
+            self._require_state().link_map.pop(executable.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
