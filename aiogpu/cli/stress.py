@@ -248,7 +248,10 @@ async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stat
                     [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]),
                     agent=rng.randrange(gpus))
             elif kind == "memory_fault":
-                faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
+                # A memory fault loses its device for the rest of the process (DeviceLost): only
+                # the last GPU takes them, so the others stay to be stressed.
+                if gpus > 1:
+                    faults.memory_fault_at(rng.randrange(1, 50), agent=gpus - 1)
             elif kind == "lost":
                 faults.lose_completion_at(rng.randrange(1, 50))
             elif kind == "delay":

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import ordering
-from ..errors import GPUError
+from ..errors import DeviceLost, GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
 from ..hsa_bindings import types as T
@@ -98,6 +98,10 @@ class HsaRuntime(Runtime):
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.hub.on_timeout = self._on_timeout
+        for index, lost in SYSTEM_EVENTS.lost(self).items():   # earlier in this process
+            if index < len(self.devices):
+                with self.lock:
+                    self._lose(self.devices[index], lost)
 
     def _abandon(self) -> None:
         """A construction that failed part-way: stop the waiter and free what exists."""
@@ -249,7 +253,10 @@ class HsaRuntime(Runtime):
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
     def _submit_join(self, device: Any, live: list, deps: dict) -> GPUFuture:
-        """A barrier-AND packet (chained five signals at a time) on the device's first queue."""
+        """A barrier-AND packet (chained five signals at a time) on the device's first queue
+        (a working device's, when this one is lost: the join only orders)."""
+        if device.broken is not None:
+            device = next((d for d in self.devices if d.broken is None), device)
         queue = device.queues[0]
         fut = self.hub.new_future(f"gather of {len(deps)}")
         fut.device, fut.kind, fut.lane = device, "join", queue
@@ -273,43 +280,63 @@ class HsaRuntime(Runtime):
         return T.HSA_STATUS_SUCCESS
 
     def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """A GPU memory fault on ``agent`` (waiter thread). ROCr reports it only through this
-        system event, never through a queue callback (Runtime::VMFaultHandler), and KFD has
-        evicted every queue of the process on that device, its SDMA queues included: nothing
-        pending there will complete. Work that completed before is settled as done; the rest
-        fails (what touched ``address`` is named as the cause), and so does work elsewhere that
-        depends on it. The device's compute queues are recreated; its SDMA engines, which ROCr
-        never recreates, are no longer used (its copies run as shader copies)."""
+        """A GPU memory fault on ``agent`` (waiter thread): the device is lost.
+
+        ROCr reports the fault only through this system event, never through a queue callback
+        (Runtime::VMFaultHandler), and KFD has evicted every queue of the process on that device,
+        its SDMA queues included (``kfd_dqm_evict_pasid``). The eviction lasts until the process
+        exits: queues created later are created evicted (KFD ``create_queue`` while
+        ``qpd->evicted``), and ROCr never recreates its copy queues, so even loading a kernel
+        there (``hsa_executable_freeze`` copies the code through them) would wait forever. Work
+        that completed before is settled as done; everything else pending on the device fails
+        with DeviceLost (what touched ``address`` is named as the cause of the fault), and so
+        does work elsewhere that depends on it; every later operation on the device fails at
+        once (``Device.broken``). Other devices go on. The loss is recorded for the process, so
+        a later runtime on the same library finds the device lost too."""
         with self.lock:
             self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
             dev = next((d for d in self.devices if d.agent.handle == agent), None)
-            if dev is None:
+            if dev is None or isinstance(dev.broken, DeviceLost):
                 return
             status = T.HSA_STATUS_ERROR_MEMORY_FAULT
-            mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
-            self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
-            host_address = self.host.to_host(address)   # a locked array's agent address
             # The emulator can say what faulted (a kernel body's access); ROCr gives the address.
             cause = self.api.emulator.memory_fault_cause(address) if self.api.emulator else None
-            for fut in mine:
-                if not fut.done() and any(_touches(k, address) or host_address is not None
-                                          and _touches(k, host_address) for k in fut.keep):
-                    err = GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason 0x{reason:x})",
-                                   status=status, queue=fut.queue, packet=fut.packet)
-                    err.__cause__ = cause
-                    self.hub.fail(fut, err)
-            evicted = GPUError(f"{dev.name}: the driver evicted the device's queues after a GPU memory fault at "
-                               f"0x{address:x} (reason 0x{reason:x})", status=status)
-            evicted.__cause__ = cause
-            dev.engines.lose()
-            for fut in mine:
-                if not fut.retired and ".sdma" in (fut.queue or ""):
-                    err = GPUError(f"{fut.label}: {evicted}", status=status, queue=fut.queue)
-                    err.__cause__ = evicted
-                    self.hub.fail(fut, err)
-                    self.hub.retire_failed(fut)
-            for queue in dev.queues:
-                queue.abort(evicted, -1)
+            lost = DeviceLost(f"{dev.name} was lost to a GPU memory fault at 0x{address:x} (reason 0x{reason:x}): "
+                              f"the driver keeps this process's queues on it evicted, so nothing more runs there; "
+                              f"only a new process recovers it", status=status)
+            lost.__cause__ = cause
+            SYSTEM_EVENTS.lose(self, dev.index, lost)
+            self._lose(dev, lost, address)
+
+    def _lose(self, dev: HsaDevice, lost: DeviceLost, address: int | None = None) -> None:
+        """Mark ``dev`` lost with ``lost`` and fail everything pending on it (under the lock)."""
+        status = lost.status
+        dev.broken = lost
+        dev.engines.lose()
+        mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
+        self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
+        host_address = self.host.to_host(address) if address is not None else None   # a locked array's agent address
+        for fut in mine:
+            if not fut.done() and address is not None and any(
+                    _touches(k, address) or host_address is not None and _touches(k, host_address) for k in fut.keep):
+                err = DeviceLost(f"{fut.label}: GPU memory fault at 0x{address:x}; {lost}",
+                                 status=status, queue=fut.queue, packet=fut.packet)
+                err.__cause__ = lost.__cause__
+                self.hub.fail(fut, err)
+        for fut in mine:
+            if not fut.retired and ".sdma" in (fut.queue or ""):
+                err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
+                err.__cause__ = lost
+                self.hub.fail(fut, err)
+                self.hub.retire_failed(fut)
+        for queue in dev.queues:
+            queue.abort(lost, -1, lost=lost)
+        for fut in mine:        # anything else of the device (a join, a part future)
+            if not fut.done():
+                err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
+                err.__cause__ = lost
+                self.hub.fail(fut, err)
+                self.hub.retire_failed(fut)
 
     def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
         """A lost or stalled completion on a compute queue: abort that queue, so that what its
@@ -419,7 +446,7 @@ class _SystemEvents:
             entry = self._libraries.get(key)
             if entry is None:
                 entry = {"serial": next(self._serials), "registered": False, "opens": 0,
-                         "runtimes": weakref.WeakSet()}
+                         "runtimes": weakref.WeakSet(), "lost": {}}
                 self._libraries[key] = entry
                 self._by_serial[entry["serial"]] = entry
                 if getattr(api.library, "_handle", None) is None:   # an emulator: forget it with it
@@ -454,6 +481,20 @@ class _SystemEvents:
                 major = ctypes.c_uint16()
                 entry["registered"] = api.hsa_system_get_info(
                     T.HSA_SYSTEM_INFO_VERSION_MAJOR, ctypes.byref(major)) == T.HSA_STATUS_SUCCESS
+
+    def lose(self, rt: "HsaRuntime", index: int, lost: DeviceLost) -> None:
+        """Device ``index`` of ``rt``'s library is lost for the rest of the process (KFD keeps
+        the process evicted there, whatever runtime or init cycle comes next)."""
+        with self._lock:
+            entry = self._libraries.get(self._key(rt.api))
+            if entry is not None:
+                entry["lost"].setdefault(index, lost)
+
+    def lost(self, rt: "HsaRuntime") -> dict[int, DeviceLost]:
+        """The devices of ``rt``'s library lost earlier in this process, by index."""
+        with self._lock:
+            entry = self._libraries.get(self._key(rt.api))
+            return dict(entry["lost"]) if entry is not None else {}
 
     def _forget(self, key: int) -> None:
         with self._lock:

@@ -170,8 +170,9 @@ def _release() -> None:
 class _State:
     """What hsa_init builds and hsa_shut_down tears down."""
 
-    def __init__(self, ctx: Context, copies: CopyEngines) -> None:
+    def __init__(self, ctx: Context, copies: CopyEngines, evicted: set[int]) -> None:
         self.ctx = ctx
+        self.evicted = evicted      # the emulated process's evicted GPUs (the library's: outlives this)
         self.queues = QueueTable()
         self.copies = copies
         # ROCr's loader does not copy a code object read from memory: the reader keeps the
@@ -183,7 +184,12 @@ class _State:
 
     def evict(self, gpu: int) -> None:
         """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
-        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``)."""
+        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``), and keep the process evicted there
+        for its life: KFD restores a process's queues only after evictions it undoes itself
+        (memory pressure, not a VM fault), and ``create_queue`` gives a queue of an evicted
+        process an inactive hardware queue (``q->properties.is_evicted = !!qpd->evicted``),
+        so queues created later never run. ROCr never recreates its blits' SDMA queues."""
+        self.evicted.add(gpu)
         for q in self.queues.all():
             if q.agent.gpu == gpu:
                 q.processor.evict()
@@ -246,6 +252,7 @@ class EmulatedLibrary:
         self.engine_history_records = max(1, engine_history_records)
         self.faults.set_change_hook(self._wake_processors)
         self._state: _State | None = None
+        self.evicted: set[int] = set()   # GPUs KFD keeps this process evicted on (a memory fault)
         self._init_count = 0
         self._lock = threading.RLock()
         self._strings = StatusStrings()
@@ -537,6 +544,8 @@ class EmulatedLibrary:
         q.processor = PacketProcessor(state.ctx, q)
         state.queues.add(q)
         q.processor.start()
+        if owner.gpu in state.evicted:      # KFD: created evicted (see _State.evict)
+            q.processor.evict()
         queue[0] = q.pointer
         return T.HSA_STATUS_SUCCESS
 
@@ -714,7 +723,9 @@ class EmulatedLibrary:
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors,
                       kernarg_mismatches=self.kernarg_mismatches)
         copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
-        state = _State(ctx, copies)
+        state = _State(ctx, copies, self.evicted)
+        for gpu in self.evicted:    # a new init cycle in the same (emulated) process: still evicted
+            copies.evict(gpu)
         ctx.events.evict = state.evict
         return state
 
