@@ -181,6 +181,7 @@ class _State:
         # the executable is destroyed (CodeObjectReaderImpl::SetMemory, ExecutableImpl::LoadCodeObject).
         self.readers: dict[int, tuple[int, int]] = {}                        # reader -> (address, size)
         self.link_map: dict[int, list[tuple[int, int, bytes]]] = {}          # executable -> (address, size, bytes)
+        self.exe_gpus: dict[int, set[int]] = {}                              # executable -> GPUs loaded for
 
     def evict(self, gpu: int) -> None:
         """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
@@ -663,12 +664,22 @@ class EmulatedLibrary:
         with self._lock:
             address, size = state.readers[reader.handle]
             state.link_map.setdefault(executable.handle, []).append((address, size, ctypes.string_at(address, size)))
+            state.exe_gpus.setdefault(executable.handle, set()).add(gpu.gpu)
         if loaded_code_object:
             loaded_code_object[0].handle = handle
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_executable_freeze(self, executable: T.hsa_executable_t, options: bytes | None) -> int:
+        """ROCr copies the code segments to the agents here (RegionMemory::Freeze ->
+        GpuAgent::DmaCopy on its blit): on a device KFD keeps evicted that never finishes. The
+        emulator cannot usefully hang: it records the call as a bug of the caller instead."""
+        state = self._require_state()
+        with self._lock:
+            stuck = state.exe_gpus.get(executable.handle, set()) & state.evicted
+        if stuck:
+            raise RuntimeError(f"hsa_executable_freeze for evicted GPU(s) {sorted(stuck)}: ROCr would wait "
+                               f"forever for its evicted blit queue (a memory fault lost the device)")
         self._ctx().code.freeze(executable.handle)
         return T.HSA_STATUS_SUCCESS
 
@@ -677,6 +688,7 @@ class EmulatedLibrary:
         self._ctx().code.destroy_executable(executable.handle)
         with self._lock:
             self._require_state().link_map.pop(executable.handle, None)
+            self._require_state().exe_gpus.pop(executable.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
