@@ -4,7 +4,8 @@ Each of many concurrent tasks keeps a few device buffers and a NumPy *shadow* of
 hold. It submits random operations without awaiting them (kernels, host-to-device,
 device-to-device and peer copies, gathers, replays of a small captured graph), relying on the
 runtime to order them on the device, and now and then copies a buffer back and compares it with
-the shadow. Meanwhile faults are injected at random points: queue errors, memory faults, lost
+the shadow. Meanwhile faults are injected at random points: queue errors, memory faults (on the
+last GPU only: a memory fault loses its device for good, DeviceLost), lost
 completions (caught by the runtime's watchdog), delayed completions, SDMA exhaustion and the eager
 packet processor. A failed read-back must be a GPUError that follows from an injected fault (its
 cause chain leads to one: see ``injected_cause``), then the task re-uploads its shadow; any other
