@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from . import deferred
+from . import deferred, ordering
 from .errors import OutOfMemoryError
 from .futures import GPUFuture
 from .kernels import Kernel, fill_kernel
@@ -289,9 +289,12 @@ class Device:
 
     # -- kernels -------------------------------------------------------------------------------
     def loaded(self, kernel: Kernel) -> Any:
-        """``kernel`` loaded on this device (compiled and loaded once, then cached)."""
+        """``kernel`` loaded on this device (compiled and loaded once, then cached). Raises
+        the device's error if it is broken (a lost device loads nothing: it would never finish)."""
         got = self._kernels.get(kernel)
         if got is None:
+            if self.broken is not None:
+                raise ordering.broken_error(f"loading {kernel.name} on {self.name}", self.broken)
             got = self._kernels[kernel] = self._load(kernel)
         return got
 
@@ -378,6 +381,8 @@ class Device:
         with rt.lock:
             rt.check_open()
             loaded = self._kernels.get(kernel)
+            if loaded is None and self.broken is not None:   # fails it at once, loading nothing
+                return rt.submit_guarded(self, kernel.name, reads, writes, after, self._unreachable)
             if loaded is None:
                 compiling = self._compiling.get(kernel) or self._start_compile(kernel)
                 if compiling is not None and compiling._exc is not None:
@@ -394,6 +399,10 @@ class Device:
                                            keep=keep, waits=waits)
             return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
                 loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep=keep, waits=waits))
+
+    @staticmethod
+    def _unreachable(deps: dict) -> GPUFuture:
+        raise AssertionError("submit_guarded submits nothing on a broken device")
 
     def shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service

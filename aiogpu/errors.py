@@ -1,7 +1,7 @@
 """Every exception aiogpu raises (a leaf module: every layer may import it, it imports nothing).
 
 - Failures on the device are ``GPUError`` (backend failures subclass it: ``HsaError``,
-  ``CudaError``, ``WatchdogTimeout``, ``OutOfMemoryError``).
+  ``CudaError``, ``WatchdogTimeout``, ``OutOfMemoryError``, ``DeviceLost``).
 - Bad input is ``ValueError``/``TypeError``, raised before anything is submitted.
 - ``RuntimeClosedError``: work offered to a closed runtime (also a ``ValueError``: bad input).
 - ``BackendUnavailable``: a backend asked for by name cannot run here; says why and the fix.
@@ -26,6 +26,15 @@ class GPUError(RuntimeError):
                  packet: int | None = None):
         super().__init__(message)
         self.status, self.queue, self.packet = status, queue, packet
+
+
+class DeviceLost(GPUError):
+    """The device is lost to this process: nothing more runs on it until the process exits.
+
+    On HSA a GPU memory fault does this: KFD keeps the process's queues on that device evicted
+    (those created later too) and ROCr never recreates its copy queues. Everything pending on
+    the device fails with it, and so does every later operation on it, at once; other devices
+    go on. Only a new process gets the device back."""
 
 
 class WatchdogTimeout(GPUError):

@@ -20,7 +20,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from .errors import GPUError
+from .errors import DeviceLost, GPUError
 from .hsa_bindings import atomics
 from .hsa_bindings import packets as P
 from .hsa_bindings import types as T
@@ -139,6 +139,7 @@ class AqlQueue:
         self.generation = 0
         self.errors: list[str] = []    # what failed it, newest last (text: no traceback cycles)
         self.published = 0
+        self.lost: GPUError | None = None   # the device is lost: no HSA queue, nothing accepted
         self._draining = False         # drain() is running (a failed group may retire inside it)
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
@@ -206,16 +207,21 @@ class AqlQueue:
     def _publish(self, group: PacketGroup) -> bool:
         """``_try_publish``, except that a group that cannot be written (an unexpected error;
         the waiter thread may be the caller) fails its futures: True when it is done with."""
-        try:
-            return self._try_publish(group)
-        except Exception as exc:  # noqa: BLE001 - becomes the failure of the work concerned
-            err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
-                           queue=self.name)
-            err.__cause__ = exc
-            for fut in [group.future, *(f for f, _ in group.marks)]:
-                self.hub.fail(fut, err)
-                self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
-            return True
+        if self.lost is not None:      # the device is lost: nothing of it runs any more
+            err: GPUError = DeviceLost(f"{group.future.label}: {self.lost}", status=self.lost.status,
+                                       queue=self.name)
+            err.__cause__ = self.lost
+        else:
+            try:
+                return self._try_publish(group)
+            except Exception as exc:  # noqa: BLE001 - becomes the failure of the work concerned
+                err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
+                               queue=self.name)
+                err.__cause__ = exc
+        for fut in [group.future, *(f for f, _ in group.marks)]:
+            self.hub.fail(fut, err)
+            self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
+        return True
 
     def _parts(self, group: PacketGroup) -> list[PacketGroup]:
         """``group`` as parts that each fit the ring, in order. Each part but the last ends with
@@ -354,8 +360,10 @@ class AqlQueue:
                 err.__cause__ = emulator.queue_error_cause(self.id)
             self.abort(err, None)
 
-    def abort(self, err: GPUError, failed_at: int | None = None) -> None:
-        """Destroy the HSA queue, settle every operation on it and replace it (under lock).
+    def abort(self, err: GPUError, failed_at: int | None = None, *, lost: GPUError | None = None) -> None:
+        """Destroy the HSA queue, settle every operation on it and replace it (under lock);
+        with ``lost`` (the device is lost: a new queue would never run) it is not replaced, and
+        every group submitted later fails at once with ``lost``.
 
         An operation whose completion signal already reads complete completed before the error
         and completes normally. Of the others, one is blamed with ``err``'s status: the one whose
@@ -378,6 +386,7 @@ class AqlQueue:
         pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
         blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
+        kind = DeviceLost if lost is not None else GPUError
         for fut, (first, last) in pending:
             if blamed is not None and fut is blamed[0]:
                 self.hub.fail(fut, err if failed_at is not None else _caused_by(err.__cause__ or err, GPUError(
@@ -388,14 +397,17 @@ class AqlQueue:
                     f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} ({why}) before it "
                     f"completed", status=err.status, queue=self.name, packet=last)))
             else:
-                self.hub.fail(fut, _caused_by(err.__cause__ or err, GPUError(
+                self.hub.fail(fut, _caused_by(err.__cause__ or err, kind(
                     f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last)))
         for group in parked:
-            self.hub.fail(group.future, _caused_by(err, GPUError(
+            self.hub.fail(group.future, _caused_by(err, kind(
                 f"{group.future.label}: queue {self.name} failed ({why}) before it was submitted",
                 status=err.status, queue=self.name)))
         for fut in [f for f, _ in pending] + [g.future for g in parked]:
             self.hub.retire_failed(fut)
+        if lost is not None:
+            self.lost = lost
+            return
         self._create()
 
     @staticmethod

@@ -327,7 +327,7 @@ class Runtime:
         else:                                     # the fast path: nothing to order after
             deps, err = {}, None
         if err is None and device.broken is not None:
-            err = GPUError(f"{label}: {device.broken}", status=getattr(device.broken, "status", None))
+            err = ordering.broken_error(label, device.broken)
         if err is not None:
             return ordering.failed_without_running(self.hub, label, err, writes)
         if deps or compile is not None:          # (deferred work in deps: its submitted work)

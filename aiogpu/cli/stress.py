@@ -4,7 +4,8 @@ Each of many concurrent tasks keeps a few device buffers and a NumPy *shadow* of
 hold. It submits random operations without awaiting them (kernels, host-to-device,
 device-to-device and peer copies, gathers, replays of a small captured graph), relying on the
 runtime to order them on the device, and now and then copies a buffer back and compares it with
-the shadow. Meanwhile faults are injected at random points: queue errors, memory faults, lost
+the shadow. Meanwhile faults are injected at random points: queue errors, memory faults (on the
+last GPU only: a memory fault loses its device for good, DeviceLost), lost
 completions (caught by the runtime's watchdog), delayed completions, SDMA exhaustion and the eager
 packet processor. A failed read-back must be a GPUError that follows from an injected fault (its
 cause chain leads to one: see ``injected_cause``), then the task re-uploads its shadow; any other
@@ -37,12 +38,28 @@ WORDS = 64          # int64 elements per buffer
 OP_TIMEOUT_S = 60.0  # an await that takes longer than this counts as a hang
 
 
-@aiogpu.kernel("i64*, i64")
+# Launched over grid=(WORDS,) on WORDS-word buffers: one work-item per word, so the OpenCL C
+# (AMD agents; comgr compiles it) does what the bodies do to the whole buffer.
+ADD_CONST_CL = """
+__kernel void add_const(__global long* x, long c) {
+    x[get_global_id(0)] += c;
+}
+"""
+
+ADD_BUF_CL = """
+__kernel void add_buf(__global long* dst, __global const long* src) {
+    size_t i = get_global_id(0);
+    dst[i] += src[i];
+}
+"""
+
+
+@aiogpu.kernel("i64*, i64", opencl=ADD_CONST_CL)
 def add_const(launch, x, c):
     x[:] += c
 
 
-@aiogpu.kernel("i64*, const i64*")
+@aiogpu.kernel("i64*, const i64*", opencl=ADD_BUF_CL)
 def add_buf(launch, dst, src):
     dst[:] += src[:]
 
@@ -232,7 +249,10 @@ async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stat
                     [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]),
                     agent=rng.randrange(gpus))
             elif kind == "memory_fault":
-                faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
+                # A memory fault loses its device for the rest of the process (DeviceLost): only
+                # the last GPU takes them, so the others stay to be stressed.
+                if gpus > 1:
+                    faults.memory_fault_at(rng.randrange(1, 50), agent=gpus - 1)
             elif kind == "lost":
                 faults.lose_completion_at(rng.randrange(1, 50))
             elif kind == "delay":

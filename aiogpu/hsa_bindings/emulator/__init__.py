@@ -170,14 +170,27 @@ def _release() -> None:
 class _State:
     """What hsa_init builds and hsa_shut_down tears down."""
 
-    def __init__(self, ctx: Context, copies: CopyEngines) -> None:
+    def __init__(self, ctx: Context, copies: CopyEngines, evicted: set[int]) -> None:
         self.ctx = ctx
+        self.evicted = evicted      # the emulated process's evicted GPUs (the library's: outlives this)
         self.queues = QueueTable()
         self.copies = copies
+        # ROCr's loader does not copy a code object read from memory: the reader keeps the
+        # caller's pointer and every loaded code object's link-map entry (r_debug, a
+        # memory://<pid>#offset=&size= URI that debuggers and profilers read) names it until
+        # the executable is destroyed (CodeObjectReaderImpl::SetMemory, ExecutableImpl::LoadCodeObject).
+        self.readers: dict[int, tuple[int, int]] = {}                        # reader -> (address, size)
+        self.link_map: dict[int, list[tuple[int, int, bytes]]] = {}          # executable -> (address, size, bytes)
+        self.exe_gpus: dict[int, set[int]] = {}                              # executable -> GPUs loaded for
 
     def evict(self, gpu: int) -> None:
         """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
-        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``)."""
+        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``), and keep the process evicted there
+        for its life: KFD restores a process's queues only after evictions it undoes itself
+        (memory pressure, not a VM fault), and ``create_queue`` gives a queue of an evicted
+        process an inactive hardware queue (``q->properties.is_evicted = !!qpd->evicted``),
+        so queues created later never run. ROCr never recreates its blits' SDMA queues."""
+        self.evicted.add(gpu)
         for q in self.queues.all():
             if q.agent.gpu == gpu:
                 q.processor.evict()
@@ -240,6 +253,7 @@ class EmulatedLibrary:
         self.engine_history_records = max(1, engine_history_records)
         self.faults.set_change_hook(self._wake_processors)
         self._state: _State | None = None
+        self.evicted: set[int] = set()   # GPUs KFD keeps this process evicted on (a memory fault)
         self._init_count = 0
         self._lock = threading.RLock()
         self._strings = StatusStrings()
@@ -286,6 +300,21 @@ class EmulatedLibrary:
     @property
     def initialized(self) -> bool:
         return self._state is not None
+
+    def link_map(self) -> list[tuple[int, int, bool]]:
+        """(address, size, intact) of every code object loaded into a live executable, as
+        ROCr's loader link map names them: ``intact`` is False when the memory there no longer
+        holds the bytes that were loaded (the caller freed or reused it)."""
+        state = self._require_state()
+        with self._lock:
+            entries = [e for loaded in state.link_map.values() for e in loaded]
+        return [(address, size, ctypes.string_at(address, size) == data) for address, size, data in entries]
+
+    @property
+    def init_count(self) -> int:
+        """``hsa_init`` calls not yet balanced by ``hsa_shut_down`` (ROCr's reference count:
+        Runtime::Acquire/Release; the last shut-down destroys the runtime, handlers included)."""
+        return self._init_count
 
     def queue_error_cause(self, queue_id: int, packet: int | None = None) -> BaseException | None:
         """The exception that explains the queue error reported for ``packet`` of queue
@@ -516,6 +545,8 @@ class EmulatedLibrary:
         q.processor = PacketProcessor(state.ctx, q)
         state.queues.add(q)
         q.processor.start()
+        if owner.gpu in state.evicted:      # KFD: created evicted (see _State.evict)
+            q.processor.evict()
         queue[0] = q.pointer
         return T.HSA_STATUS_SUCCESS
 
@@ -603,12 +634,16 @@ class EmulatedLibrary:
     @hsa_function
     def hsa_code_object_reader_create_from_memory(self, code_object: int | None, size: int, reader: Any) -> int:
         handle = self._ctx().code.create_reader(address_of(code_object), size)
+        with self._lock:
+            self._require_state().readers[handle] = (address_of(code_object), size)
         store_handle(reader, handle)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_code_object_reader_destroy(self, reader: T.hsa_code_object_reader_t) -> int:
         self._ctx().code.destroy_reader(reader.handle)
+        with self._lock:
+            self._require_state().readers.pop(reader.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
@@ -625,18 +660,35 @@ class EmulatedLibrary:
         gpu = self._agent(agent)
         require(gpu.is_gpu, T.HSA_STATUS_ERROR_INVALID_AGENT, "code objects load on GPU agents")
         handle = self._ctx().code.load(executable.handle, gpu.gpu, reader.handle)
+        state = self._require_state()
+        with self._lock:
+            address, size = state.readers[reader.handle]
+            state.link_map.setdefault(executable.handle, []).append((address, size, ctypes.string_at(address, size)))
+            state.exe_gpus.setdefault(executable.handle, set()).add(gpu.gpu)
         if loaded_code_object:
             loaded_code_object[0].handle = handle
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_executable_freeze(self, executable: T.hsa_executable_t, options: bytes | None) -> int:
+        """ROCr copies the code segments to the agents here (RegionMemory::Freeze ->
+        GpuAgent::DmaCopy on its blit): on a device KFD keeps evicted that never finishes. The
+        emulator cannot usefully hang: it records the call as a bug of the caller instead."""
+        state = self._require_state()
+        with self._lock:
+            stuck = state.exe_gpus.get(executable.handle, set()) & state.evicted
+        if stuck:
+            raise RuntimeError(f"hsa_executable_freeze for evicted GPU(s) {sorted(stuck)}: ROCr would wait "
+                               f"forever for its evicted blit queue (a memory fault lost the device)")
         self._ctx().code.freeze(executable.handle)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_executable_destroy(self, executable: T.hsa_executable_t) -> int:
         self._ctx().code.destroy_executable(executable.handle)
+        with self._lock:
+            self._require_state().link_map.pop(executable.handle, None)
+            self._require_state().exe_gpus.pop(executable.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
@@ -683,7 +735,9 @@ class EmulatedLibrary:
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors,
                       kernarg_mismatches=self.kernarg_mismatches)
         copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
-        state = _State(ctx, copies)
+        state = _State(ctx, copies, self.evicted)
+        for gpu in self.evicted:    # a new init cycle in the same (emulated) process: still evicted
+            copies.evict(gpu)
         ctx.events.evict = state.evict
         return state
 
