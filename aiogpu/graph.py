@@ -22,30 +22,10 @@ import numpy as np
 from . import capture as _capture
 from . import ordering
 from .device import MAX_GRID, MAX_WORKGROUP, Device, check_args, check_dims
+from .capture import GraphNode
 from .futures import GPUFuture
 from .kernels import Kernel
 from .memory import Buffer
-
-
-class GraphNode(GPUFuture):
-    """A captured operation: usable in ``after=`` inside the capture and as a patch key."""
-
-    __slots__ = ("graph", "kind", "op", "deps", "index")
-
-    def __init__(self, graph: "Graph", kind: str, op: dict, deps: dict, index: int, label: str):
-        super().__init__(None, label)
-        self.graph, self.kind, self.op, self.deps, self.index = graph, kind, op, deps, index
-        self.retired = False
-
-    def __await__(self):
-        raise RuntimeError("a graph node is not awaitable; instantiate the graph and launch it")
-        yield  # pragma: no cover
-
-    def done(self) -> bool:
-        return False
-
-    def wait(self, timeout: float | None = None) -> bool:
-        raise RuntimeError("a graph node is not waitable; instantiate the graph and wait for a replay")
 
 
 class Graph:
