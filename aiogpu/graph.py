@@ -193,10 +193,16 @@ class GraphExec:
             if node.kind == "launch":
                 args = patches.get(node, {}).get("args", node.op["args"])
                 kernel = node.op["kernel"]
+                kreads, kwrites = kernel.reads, kernel.writes
                 for i, a in enumerate(args):
                     if isinstance(a, Buffer):
                         a.check_usable()
-                        (writes if i in kernel.writes else reads).append(a)
+                        # As an ordinary launch: a ``T*`` is read and written (a failed earlier
+                        # writer fails the replay), an ``out T*`` only written.
+                        if i in kreads:
+                            reads.append(a)
+                        if i in kwrites:
+                            writes.append(a)
             elif node.kind in ("copy", "shader-copy"):
                 for side, bucket in (("src", reads), ("dst", writes)):
                     s = node.op[side]
