@@ -78,3 +78,38 @@ def test_a_replay_waits_for_a_pending_writer_of_a_read_write_argument(make_runti
     assert replay.wait(20) and replay.exception() is None
     out = x.to_numpy(np.int64)
     assert out.wait(20) and (out.result() == 11).all()
+
+
+def test_a_queue_error_fails_a_replay_whose_parts_wait_in_the_back_log(make_runtime):
+    """A lane of 100 launches on a ring of 64 goes in parts; the queue fails at its first packet
+    while the later parts wait in the back-log. Their nodes' completions (which another
+    device's lane and an SDMA copy wait for) must fail too: the replay fails, the work waiting on
+    them on gpu1 fails rather than blocks its queue, and later work on both GPUs runs."""
+    rt = make_runtime(gpus=2, queues_per_device=1, ring_size=64)
+    d0, d1 = rt.devices
+    x, y, z = d0.alloc(N * 8), d1.alloc(N * 8), d1.alloc(N * 8)
+    zeros = np.zeros(N, np.int64)
+    assert aiogpu.gather(aiogpu.copy(x, zeros), aiogpu.copy(y, zeros), aiogpu.copy(z, zeros)).wait(20)
+    with aiogpu.Graph() as g:
+        last = None
+        for _ in range(100):
+            last = d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 1, N))
+        d1.launch(add_const_n, grid=(N,), block=(N,), args=(y, 1, N), after=[last])
+        aiogpu.copy(z, x, after=[last])
+    exe = g.instantiate()
+    rt.api.emulator.faults.queue_error_at(1, agent=0)
+    replay = exe.launch()
+    assert replay.wait(20), "the replay never settled"
+    assert isinstance(replay.exception(), GPUError)
+    # What only writes the replay's buffers is ordered after all of its work (on gpu1's queue
+    # behind the lane that waited for a back-logged node, on gpu0 behind the SDMA copy that did).
+    later = [d0.launch(set_n, grid=(N,), block=(N,), args=(x, 3, N)),
+             d1.launch(set_n, grid=(N,), block=(N,), args=(y, 0, N)),
+             d1.launch(set_n, grid=(N,), block=(N,), args=(z, 0, N))]
+    assert all(f.wait(20) for f in later), "later work waits forever behind the failed replay"
+    assert [f.exception() for f in later] == [None, None, None]
+    again = exe.launch()
+    assert again.wait(20) and again.exception() is None
+    outs = [b.to_numpy(np.int64) for b in (x, y, z)]
+    assert all(o.wait(20) for o in outs)
+    assert [int(o.result()[0]) for o in outs] == [103, 1, 103]
