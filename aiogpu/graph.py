@@ -105,15 +105,51 @@ class Graph:
 class GraphExec:
     """An instantiated graph. ``launch()`` replays it and returns one GPUFuture.
 
-    Backends implement ``_replay(patches)`` (under the runtime lock; the patches are checked)
-    and ``destroy()`` (free the executable; the runtime calls it at close)."""
+    What it holds on the device (HSA: kernarg memory and host-memory locks; CUDA: the CUDA
+    graph and its executable) is given back once it is closed (``close()``, or the end of
+    ``with graph.instantiate() as exe:``) or collected, and its last replay has retired: never
+    while a replay may still read it. Otherwise at ``Runtime.close``.
+
+    Backends implement ``_replay(patches)`` (under the runtime lock; the patches are checked),
+    ``_release()`` (give back what the executable holds; under the lock, after its last
+    replay retired) and ``destroy()`` (free the executable; the runtime calls it at close)."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.runtime = graph.runtime
         self.nodes = list(graph.nodes)
         self.replays = 0
+        self.closed = False
+        self._live = 0            # replays launched and not yet retired
         self._unpatched: tuple[list, list, list] | None = None   # see _unpatched_buffers
+
+    def close(self) -> None:
+        """Give back what the executable holds once its launched replays have retired (they
+        run on, and complete, as launched). Later ``launch`` calls raise ValueError.
+        Idempotent; never blocks."""
+        rt = self.runtime
+        with rt.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._live == 0 and not rt.closed:
+                self._release()
+
+    def __enter__(self) -> "GraphExec":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _replay_retired(self) -> None:
+        """One launched replay retired (under the lock): the last one of a closed executable
+        releases it."""
+        self._live -= 1
+        if self._live == 0 and self.closed and not self.runtime.closed:
+            self._release()
+
+    def _release(self) -> None:
+        """Give back what the executable holds (under the lock; no replay is left to read it)."""
 
     def launch(self, args: Mapping[GraphNode, tuple] | None = None, *,
                grid: Mapping[GraphNode, Any] | None = None,
@@ -122,16 +158,22 @@ class GraphExec:
 
         ``args``/``grid``/``block`` patch launch nodes for this replay only. They are checked
         (signature, devices, dimensions) before anything is submitted (TypeError/ValueError).
+        ValueError once the executable is closed; RuntimeClosedError once the runtime is.
         """
         rt = self.runtime
         patches = self._check_patches(args or {}, grid or {}, block or {})
         with rt.lock:
             rt.check_open()
+            if self.closed:
+                raise ValueError("this graph executable is closed")
             reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
             fut = rt.submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
                 patches, deps, reads, writes, keep, label))
             self.replays += 1
+            if not fut.retired:   # (a replay failed at once for a failed input ran nothing)
+                self._live += 1
+                fut.on_retired(self._replay_retired)
             return fut
 
     def home_device(self) -> Device:

@@ -57,14 +57,25 @@ class HsaGraphExec(GraphExec):
     def __init__(self, graph: Graph):
         super().__init__(graph)
         self._last: GPUFuture | None = None
-        self._prepare_host_memory()       # (under the runtime lock: Runtime.instantiate)
-        self._plan_lanes()
-        self._build()
+        # What the executable owns, given back when it is closed or collected (see _Owned).
+        owned = self._owned = _Owned(self.runtime)
+        ref = weakref.ref(self, lambda r: (_OWNED.discard(r), owned.release()))
+        _OWNED.add(ref)
+        try:                              # (under the runtime lock: Runtime.instantiate)
+            self._prepare_host_memory()
+            self._plan_lanes()
+            self._build()
+        except BaseException:
+            owned.release()
+            raise
+
+    def _release(self) -> None:
+        self._owned.release()
 
     # -- instantiation ---------------------------------------------------------------------------
     def _prepare_host_memory(self) -> None:
-        """Host arrays that copies read or write stay locked for the executable's life."""
-        rt, pins = self.runtime, []
+        """Host arrays that copies read or write stay locked while the executable is open."""
+        rt, pins = self.runtime, self._owned.pins
         for node in self.nodes:
             if node.kind == "copy":
                 for side in ("dst", "src"):
@@ -73,10 +84,6 @@ class HsaGraphExec(GraphExec):
                         addr = arr.__array_interface__["data"][0]
                         node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes, arr)
                         pins.append((addr, arr.nbytes))
-        self._host_pins = pins
-        if pins:      # unlocked when the executable dies (a plain weak reference: see _PINNED)
-            ref = weakref.ref(self, lambda r: (_PINNED.discard(r), _unlock_all(rt, pins)))
-            _PINNED.add(ref)
 
     def _plan_lanes(self) -> None:
         """Each node gets a lane: a compute queue (launches, gathers, shader copies) or an SDMA
@@ -122,7 +129,6 @@ class HsaGraphExec(GraphExec):
             for dep in node.deps:
                 if self._lane_key(dep) != self._lane_key(node) or node in self.engine_of:
                     self.signaled.add(dep)
-        self._kernarg_blocks = []
         for node in self.nodes:
             if node in self.engine_of:
                 continue
@@ -186,14 +192,15 @@ class HsaGraphExec(GraphExec):
         """Graph-owned kernarg memory for ``data``, aligned to ``align`` (the kernel's
         kernarg_segment_align, at least 64)."""
         align = max(align, 64)
-        if self._kernarg_blocks:   # skip to the alignment inside the current block
+        blocks = self._owned.blocks
+        if blocks:   # skip to the alignment inside the current block
             pad = -self._kernarg_next % align
             self._kernarg_next += pad
             self._kernarg_room -= pad
-        address, size = self.runtime.kernarg_block(device.agent) if not self._kernarg_blocks or \
+        address, size = self.runtime.kernarg_block(device.agent) if not blocks or \
             self._kernarg_room < len(data) else (None, None)
         if address is not None:
-            self._kernarg_blocks.append(address)
+            blocks.append(address)
             self._kernarg_next, self._kernarg_room = address, size
         address = self._kernarg_next
         ctypes.memmove(address, data, len(data))
@@ -324,15 +331,36 @@ class _QueueRef:
         self.device, self.queue = device, queue
 
 
-# The weak references that unlock executables' host pins, kept alive here until they call
-# back. Not weakref.finalize: its exit function walks a global registry, which the waiter
-# thread changes while work retires during the interpreter's exit.
-_PINNED: set[weakref.ref] = set()
+class _Owned:
+    """What an executable owns: its kernarg blocks (``HsaRuntime.kernarg_block``) and the host
+    ranges its copies locked. ``release`` gives them back, once (the executable was closed
+    after its last replay retired, or collected: its replays hold it until they retire, so no
+    packet can still read its kernargs or its host memory). After the runtime's close there is
+    nothing to do: the runtime frees every block and lock itself."""
+
+    __slots__ = ("runtime", "blocks", "pins")
+
+    def __init__(self, runtime: Any):
+        self.runtime = runtime
+        self.blocks: list[int] = []
+        self.pins: list[tuple[int, int]] = []
+
+    def release(self) -> None:
+        rt = self.runtime
+        if rt.closed:
+            return
+        with rt.lock:
+            if rt.closed:
+                return
+            blocks, self.blocks = self.blocks, []
+            pins, self.pins = self.pins, []
+            for addr, n in pins:
+                rt.host.unlock(addr, n)
+            for block in blocks:
+                rt.release_kernarg_block(block)
 
 
-def _unlock_all(rt: Any, pins: list) -> None:
-    if rt.closed:
-        return
-    with rt.lock:
-        for addr, n in pins:
-            rt.host.unlock(addr, n)
+# The weak references that release collected executables (``_Owned``), kept alive here until
+# they call back. Not weakref.finalize: its exit function walks a global registry, which the
+# waiter thread changes while work retires during the interpreter's exit.
+_OWNED: set[weakref.ref] = set()
