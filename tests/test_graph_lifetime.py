@@ -106,7 +106,7 @@ def test_with_closes_and_host_locks_go_too(make_runtime):
         k = d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 1, N), after=[up])
         aiogpu.copy(dst, x, after=[k])
     with g.instantiate() as exe:
-        assert wait_for_baseline(rt, 20)["host_locks"] > base["host_locks"]
+        assert rt.stats()["host_locks"] > base["host_locks"]
         assert exe.launch().wait(20)
     assert (dst == src + 1).all()
     with pytest.raises(ValueError, match="closed"):
@@ -163,3 +163,45 @@ rt.close()
 """)
     assert got.returncode == 0, got.stdout + got.stderr
     assert "refused: True" in got.stdout and "destroyed: True" in got.stdout, got.stdout + got.stderr
+
+
+def test_a_replay_still_deferred_at_close_runs_before_the_blocks_go(make_runtime, monkeypatch):
+    """A replay deferred behind a launch whose kernel compiles (held here) is launched work:
+    closing the executable first keeps its kernargs until that replay has run and retired."""
+    import threading
+
+    from aiogpu.deferred import Deferred
+    from aiogpu.hsa.device import HsaDevice
+
+    hold = threading.Event()
+    compiled = set()
+
+    def needs(self, kernel):
+        return kernel.name == "held_add" and (kernel, self.index) not in compiled
+
+    def compile_(self, kernel):
+        assert hold.wait(30)
+        compiled.add((kernel, self.index))
+    monkeypatch.setattr(HsaDevice, "_needs_compile", needs)
+    monkeypatch.setattr(HsaDevice, "_compile", compile_)
+
+    @aiogpu.kernel("i64*, i64, u32", name="held_add")
+    def held_add(launch, x, c, n):
+        x[:n] += c
+
+    rt = make_runtime(gpus=2)
+    x = rt.devices[0].alloc(N * 8)
+    assert aiogpu.copy(x, np.zeros(N, np.int64)).wait(20)
+    baseline = _blocks(rt)
+    exe = _graph(rt, x).instantiate()
+    writer = rt.devices[0].launch(held_add, grid=(N,), block=(N,), args=(x, 10, N))
+    replay = exe.launch()
+    assert isinstance(replay, Deferred) and not replay.submitted
+    exe.close()
+    del exe
+    gc.collect()
+    assert rt.stats()["kernarg_blocks"] == baseline + 1
+    hold.set()
+    assert writer.wait(20) and replay.wait(20) and replay.exception() is None
+    assert _value(x) == 11
+    assert _blocks(rt) == baseline

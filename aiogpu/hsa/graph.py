@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import struct
 import weakref
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from ..memory import Buffer
 from ..queues import PacketGroup, barrier_and_packets
 from .device import HsaDevice as Device
 from .kernels import pack_args
+
+log = logging.getLogger("aiogpu")
 
 COMPLETION_OFFSET = P.hsa_kernel_dispatch_packet_t.completion_signal.offset
 DEP_OFFSET = P.hsa_barrier_and_packet_t.dep_signal.offset
@@ -354,10 +357,14 @@ class _Owned:
                 return
             blocks, self.blocks = self.blocks, []
             pins, self.pins = self.pins, []
-            for addr, n in pins:
-                rt.host.unlock(addr, n)
-            for block in blocks:
-                rt.release_kernarg_block(block)
+            # (Runs where a replay retires, on the waiter thread too: one failed release is
+            # logged and stops neither the others nor the retirement.)
+            for release, items in ((lambda p: rt.host.unlock(*p), pins), (rt.release_kernarg_block, blocks)):
+                for item in items:
+                    try:
+                        release(item)
+                    except Exception:  # noqa: BLE001
+                        log.exception("releasing %r of a graph executable failed", item)
 
 
 # The weak references that release collected executables (``_Owned``), kept alive here until
