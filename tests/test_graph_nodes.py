@@ -86,10 +86,36 @@ def test_awaiting_a_node_or_its_asyncio_bridge_raises(make_runtime):
                 await asyncio.wait_for(asyncio.gather(node), 20)
             with pytest.raises(TypeError, match=NOT_WORK):
                 await asyncio.wait([node], timeout=20)
-            with pytest.raises(TypeError):
+            with pytest.raises(TypeError, match=NOT_WORK):
                 await asyncio.wait_for(node, 20)
+            with pytest.raises(TypeError, match=NOT_WORK):
+                await asyncio.wait_for(asyncio.shield(node), 20)
+            with pytest.raises(TypeError, match=NOT_WORK):
+                await asyncio.wait_for(asyncio.ensure_future(node), 20)
+            with pytest.raises(TypeError, match=NOT_WORK):
+                for first in asyncio.as_completed([node], timeout=20):
+                    await first
     asyncio.run(main())
     assert rt.hub.pending_count == 0
+
+
+def test_a_capture_inside_a_task_group_adds_no_work_to_it(make_runtime):
+    """A TaskGroup waits for the work submitted in it: nodes are none (it exits at once), a
+    replay launched in it is."""
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    x = d0.alloc(N * 8)
+
+    async def main():
+        async with aiogpu.TaskGroup() as tg:
+            assert aiogpu.copy(x, np.zeros(N, np.int64)) in tg.submitted
+            with aiogpu.Graph() as g:
+                d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 1, N))
+            assert len(tg.submitted) == 1
+            replay = g.instantiate().launch()
+            assert replay in tg.submitted
+        assert replay.done() and replay.exception() is None
+    asyncio.run(main())
 
 
 def test_to_numpy_inside_a_capture_is_refused(make_runtime):
