@@ -205,3 +205,26 @@ def test_a_replay_still_deferred_at_close_runs_before_the_blocks_go(make_runtime
     assert writer.wait(20) and replay.wait(20) and replay.exception() is None
     assert _value(x) == 11
     assert _blocks(rt) == baseline
+
+
+def test_a_fallback_shader_copy_takes_no_room_of_the_executables_blocks(make_runtime):
+    """With its engine gone, a replay's copy runs as a shader copy: its arguments go in the
+    queue's kernarg ring (freed when it retires), not in the executable's blocks, which would
+    otherwise grow by a block every few thousand replays for as long as it lives."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    src, dst = d0.alloc(N * 8), d1.alloc(N * 8)
+    assert aiogpu.copy(src, np.arange(N, dtype=np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        k = d0.launch(add_const_n, grid=(N,), block=(N,), args=(src, 1, N))
+        aiogpu.copy(dst, src, after=[k])
+    exe = g.instantiate()
+    assert exe.engine_of, "the copy should be planned on an engine"
+    with rt.lock:
+        d0.engines.lose()
+    used = exe._kernarg_room
+    for _ in range(3):
+        assert exe.launch().wait(20)
+    assert exe._kernarg_room == used
+    out = dst.to_numpy(np.int64)
+    assert out.wait(20) and (out.result() == np.arange(N) + 3).all()

@@ -166,10 +166,17 @@ class HsaGraphExec(GraphExec):
             lane.completions.append((i, node))
 
     def _dispatch_packet(self, device: Device, node: GraphNode, barrier: bool) -> tuple[Any, int]:
+        """The node's dispatch packet, its kernargs in graph-owned memory (built once)."""
+        pkt, header, data, align = self._unplaced_dispatch(device, node, barrier)
+        pkt.kernarg_address = self._graph_kernarg(device, data, align)
+        return pkt, header
+
+    def _unplaced_dispatch(self, device: Device, node: GraphNode, barrier: bool) -> tuple[Any, int, bytes, int]:
+        """(packet, header, kernarg bytes, their alignment): the packet without its kernarg
+        address."""
         kernel, grid, block, values, lengths = self._dispatch_args(device, node, node.op.get("args"))
         loaded = device.loaded(kernel)
         data = pack_args(loaded, values, lengths, grid, block)
-        address = self._graph_kernarg(device, data, loaded.kernarg_align)
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
         pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z = tuple(block) + (1,) * (3 - dims)
@@ -177,9 +184,8 @@ class HsaGraphExec(GraphExec):
         pkt.private_segment_size = loaded.private_segment_size
         pkt.group_segment_size = loaded.group_segment_size
         pkt.kernel_object = loaded.kernel_object
-        pkt.kernarg_address = address
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier)
-        return pkt, header | dims << 16
+        return pkt, header | dims << 16, data, loaded.kernarg_align
 
     def _dispatch_args(self, device: Device, node: GraphNode, args: Any) -> tuple:
         if node.kind == "launch":
@@ -316,12 +322,15 @@ class HsaGraphExec(GraphExec):
         return fut
 
     def _fallback_copy(self, node: GraphNode, fut: GPUFuture, dev: Device, waits: list) -> str:
-        """The engine chosen at instantiation ran out: this replay copies with a shader."""
+        """The engine chosen at instantiation ran out: this replay copies with a shader. Its
+        kernargs go in the queue's ring, freed when it retires (the executable's blocks hold
+        what every replay reads, written once)."""
         queue = dev.queues[0]
         packets = barrier_and_packets([w.signal for w in waits]) if waits else []
-        pkt, word = self._dispatch_packet(dev, node, False)
+        pkt, word, data, align = self._unplaced_dispatch(dev, node, False)
         pkt.completion_signal.handle = fut.signal
-        group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut)
+        group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut,
+                            data, kernarg_align=align)
         dev.track_on(fut, queue, [], [], [])
         queue.submit(group)
         return queue.name
