@@ -6,9 +6,11 @@
     exe = g.instantiate()                # once: per-queue packet lists, kernargs in graph memory
     await exe.launch()                   # one GPUFuture for the whole replay
     await exe.launch(args={a: new_args}) # this replay only, with patched kernel arguments
+    exe.close()                          # (or `with g.instantiate() as exe:`) memory back once replays retired
 
 Edges are the ``after=`` lists plus the buffer hazards between captured operations. This module
-owns the capture (``Graph``, ``GraphNode``) and the executor base (``GraphExec``: the replay front,
+owns the capture (``Graph``; the nodes it returns, ``GraphNode``, are places in it, not
+futures: see capture.py) and the executor base (``GraphExec``: the replay front,
 patch validation, what a replay reads and writes); each backend's executor builds and replays
 (HSA: prebuilt AQL packet lists, ``aiogpu/hsa/graph.py``; CUDA: a CUDA graph,
 ``aiogpu/cuda/graphs.py``). Replays of one executable run in launch order.

@@ -252,13 +252,13 @@ class Runtime:
             raise TypeError(f"after= takes GPUFutures, got {after!r}") from None
         capture = None
         for i, f in enumerate(items):
-            if isinstance(f, _capture.GraphNode):
-                capture = capture or self.capturing()
-                if capture is None:
-                    raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
-                                     f"wait for a replay's future instead")
-                continue
             if not isinstance(f, GPUFuture):
+                if isinstance(f, _capture.GraphNode):
+                    capture = capture or self.capturing()
+                    if capture is None:
+                        raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
+                                         f"wait for a replay's future instead")
+                    continue
                 if not is_cuda_sync(f):
                     raise TypeError(f"after= takes GPUFutures (or CUDA streams and events of torch or "
                                     f"CuPy), got {f!r}")
