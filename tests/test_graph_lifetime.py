@@ -228,3 +228,20 @@ def test_a_fallback_shader_copy_takes_no_room_of_the_executables_blocks(make_run
     assert exe._kernarg_room == used
     out = dst.to_numpy(np.int64)
     assert out.wait(20) and (out.result() == np.arange(N) + 3).all()
+
+
+def test_an_executable_outliving_its_runtime_closes_and_dies_quietly(make_runtime, caplog):
+    """The runtime's close frees every block itself: closing or dropping the executable later
+    does nothing (no double free), and a launch says the runtime is closed."""
+    rt = make_runtime(gpus=2)
+    x = rt.devices[0].alloc(N * 8)
+    exe = _graph(rt, x).instantiate()
+    other = _graph(rt, x).instantiate()
+    assert exe.launch().wait(20)
+    rt.close()
+    with pytest.raises(aiogpu.RuntimeClosedError):
+        exe.launch()
+    exe.close()
+    del exe, other
+    gc.collect()
+    assert [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")] == []
