@@ -86,7 +86,7 @@ def gather(*futures: GPUFuture) -> GPUFuture:
     ``asyncio.gather``): work ordered after it never overlaps a member. It then fails with the
     error of the first member, in argument order, that failed, else completes."""
     for f in futures:
-        if not isinstance(f, GPUFuture):
+        if not isinstance(f, (GPUFuture, GraphNode)):
             raise TypeError(f"gather takes GPUFutures, got {f!r}")
     graph = next((f.graph for f in futures if isinstance(f, GraphNode)), None)
     if graph is not None:          # graph nodes: a join node, inside their capture only

@@ -162,7 +162,7 @@ class GPUFuture(_FutureProtocol):
         it failed (the library must not read what it left undefined). NotOnCudaError on a
         backend without CUDA streams; InvalidStateError while the work waits for its kernel's
         compile (await it, or ``await dev.load(kernel)`` first); ValueError for a stream of
-        another GPU context or a graph node; RuntimeClosedError after ``close()``."""
+        another GPU context; RuntimeClosedError after ``close()``."""
         owner = getattr(self._hub, "owner", None)
         if owner is None:
             if self._exc is not None:

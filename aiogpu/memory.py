@@ -509,8 +509,8 @@ class Buffer:
         With no ``dtype``: the view's dtype and shape (uint8 bytes for a raw buffer); with one,
         a one-dimensional array of the bytes as ``dtype``. The array lives in the runtime's
         pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
-        closed. TypeError for a non-numeric dtype, ValueError when the buffer is not a whole
-        number of elements or was freed."""
+        closed. TypeError for a non-numeric dtype or inside a graph capture, ValueError when the
+        buffer is not a whole number of elements or was freed."""
         self.check_usable()
         if dtype is None:
             dtype, shape = self.dtype, self._shape
@@ -520,14 +520,18 @@ class Buffer:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
-        capturing = rt.capturing() is not None
+        if rt.capturing() is not None:
+            # Nothing would fill the new array until a replay, and every replay would overwrite
+            # it: a graph copies into host memory the caller owns.
+            raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
+                            "your own, aiogpu.copy(out, buf), and read it after each replay")
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
             rt.check_open()
             out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
             if len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
-            fut = rt.copy(out, self) if capturing else rt.download(self, out, address, ptr)
+            fut = rt.download(self, out, address, ptr)
         fut.value = out
         return fut
 

@@ -399,11 +399,14 @@ class AqlQueue:
             else:
                 self.hub.fail(fut, _caused_by(err.__cause__ or err, kind(
                     f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last)))
-        for group in parked:
-            self.hub.fail(group.future, _caused_by(err, kind(
-                f"{group.future.label}: queue {self.name} failed ({why}) before it was submitted",
+        # A parked group's marks (graph nodes whose completions other lanes, engines and
+        # devices wait for) fail with it: none of its packets will be published.
+        unsent = [f for g in parked for f in (g.future, *(m for m, _ in g.marks))]
+        for fut in unsent:
+            self.hub.fail(fut, _caused_by(err, kind(
+                f"{fut.label}: queue {self.name} failed ({why}) before it was submitted",
                 status=err.status, queue=self.name)))
-        for fut in [f for f, _ in pending] + [g.future for g in parked]:
+        for fut in [f for f, _ in pending] + unsent:
             self.hub.retire_failed(fut)
         if lost is not None:
             self.lost = lost

@@ -244,7 +244,7 @@ class Runtime:
         A graph node is accepted only inside its capture. Another library's CUDA stream or
         event (``is_cuda_sync``) becomes ``stream_future(it)`` now: the work waits, on the
         device, for what was queued there before this call (NotOnCudaError off CUDA)."""
-        if isinstance(after, GPUFuture) or is_cuda_sync(after):
+        if isinstance(after, (GPUFuture, _capture.GraphNode)) or is_cuda_sync(after):
             after = [after]
         try:
             items = list(after)
@@ -253,16 +253,17 @@ class Runtime:
         capture = None
         for i, f in enumerate(items):
             if not isinstance(f, GPUFuture):
+                if isinstance(f, _capture.GraphNode):
+                    capture = capture or self.capturing()
+                    if capture is None:
+                        raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
+                                         f"wait for a replay's future instead")
+                    continue
                 if not is_cuda_sync(f):
                     raise TypeError(f"after= takes GPUFutures (or CUDA streams and events of torch or "
                                     f"CuPy), got {f!r}")
                 items[i] = f = self.stream_future(f)
-            if getattr(f, "graph", None) is not None:
-                capture = capture or self.capturing()
-                if capture is None:
-                    raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
-                                     f"wait for a replay's future instead")
-            elif f._hub is not None and f._hub is not self.hub:
+            if f._hub is not None and f._hub is not self.hub:
                 raise ValueError(f"{f!r} belongs to another runtime")
         return items
 
@@ -279,8 +280,6 @@ class Runtime:
     def wait_on(self, fut: GPUFuture, stream: Any, *, device: Device | None = None) -> None:
         """See ``GPUFuture.wait_on``: the rule (what can wait) here, the driver calls in the
         backend's ``_wait_on``."""
-        if getattr(fut, "graph", None) is not None:
-            raise ValueError(f"{fut!r} is a node of a captured graph; wait on a replay's future instead")
         with self.lock:
             self.check_open()
             self._foreign_check(stream)

@@ -190,6 +190,12 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks.append(out.value)
         return out.value, KERNARG_RING_BYTES
 
+    def release_kernarg_block(self, address: int) -> None:
+        """Free a block of ``kernarg_block`` before the runtime's close (under the lock; the
+        caller guarantees that no packet reads it any more)."""
+        self._kernarg_blocks.remove(address)
+        self.api.check(self.api.hsa_amd_memory_pool_free(address), "kernarg free")
+
     def agent_of(self, side: Any) -> Any:
         """The agent owning a copy side's memory (the CPU agent for host memory)."""
         return self._cpu if side.host else side.device.agent
@@ -360,6 +366,7 @@ class HsaRuntime(Runtime):
             "kernarg_in_use": sum(q.kernarg.in_use for q in queues),
             "backlog": sum(len(q.backlog) for q in queues),
             "host_locks": self.host.count,
+            "kernarg_blocks": len(self._kernarg_blocks),   # queues' rings and graphs' kernargs
         }
 
     def describe(self) -> str:
