@@ -217,6 +217,7 @@ class Runtime:
         self.backend, self.reason = self._chosen
         self.closed = False
         self.copy_engines = bool(copy_engines)
+        self.shader_copies = 0            # copies run as the built-in copy kernel (stats)
         self.hub = hub
         hub.owner = self
         self.lock = hub.lock
@@ -442,6 +443,7 @@ class Runtime:
                 fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
                                          (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
                                          [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
+                self.shader_copies += 1
         except BaseException:
             for fn in op.cleanup:
                 fn()
