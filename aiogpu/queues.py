@@ -497,6 +497,17 @@ class CopyEngines:
         status = self.api.hsa_amd_memory_copy_engine_status(dst_agent, src_agent, ctypes.byref(mask))
         return T.sdma_engine_bits(mask.value) if status == T.HSA_STATUS_SUCCESS else []
 
+    def may_take(self, dst_agent: Any, src_agent: Any) -> bool:
+        """Whether ``pick`` would answer an engine now (no side effects: nothing is chosen)."""
+        if self.lost:
+            return False
+        if self.rocr_picks:
+            return dst_agent.handle != src_agent.handle
+        direction = (dst_agent.handle, src_agent.handle)
+        if any((*direction, e) not in self.refused for e in self.free_engines(dst_agent, src_agent)):
+            return True
+        return any(e in self.proven for e in self.seen.get(direction, ()))
+
     def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
         """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, ``ROCR_CHOICE``
         (ROCr picks), or None: run a shader copy (see the class docstring)."""

@@ -206,6 +206,9 @@ class HsaRuntime(Runtime):
                 side.ptr = self.host.lock(addr, n, side.obj)
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
 
+    def _engine_may_take(self, op: CopyOp) -> bool:
+        return op.device.engines.may_take(self.agent_of(op.dst), self.agent_of(op.src))
+
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
         """The copy on one of the device's SDMA engines (source device for peer copies and
         device-to-host, destination for host-to-device); None when none can take it. An engine
