@@ -481,7 +481,7 @@ class CopyEngines:
 
     def runs(self, queue: str | None) -> bool:
         """Whether ``queue`` (a future's ``queue``) names one of these engines."""
-        return bool(queue) and queue.startswith((f"{self.name}.sdma", f"{self.name}.rocr-"))
+        return queue is not None and queue.startswith((f"{self.name}.sdma", f"{self.name}.rocr-"))
 
     def lose(self) -> None:
         """The device faulted and KFD evicted its SDMA queues; ROCr never recreates them (it
