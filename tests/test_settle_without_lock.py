@@ -9,8 +9,8 @@ processor and queue errors; every callback runs exactly once and nothing leaks.
 from __future__ import annotations
 
 import asyncio
-import textwrap
 import re
+import textwrap
 import threading
 from pathlib import Path
 
