@@ -26,7 +26,8 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
+  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``blit_stats(gpu)`` (which
+  of ROCr's blits exist, SDMA queue or blit kernel, and how many copies each ran), ``gpu_agent(i)``,
   ``locked_ranges()``, ``signal_stats()``, ``kernarg_mismatches`` (dispatches whose hidden
   geometry arguments, which the body sees, disagree with the packet).
 - ``queue_error_cause(queue_id, packet=None)``: the exception that explains a queue error the
