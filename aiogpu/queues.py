@@ -474,11 +474,6 @@ class CopyEngines:
         """True on a library without the engine calls (ROCr 5.2.3): ROCr picks each copy's blit."""
         return not self.api.has_engine_copy
 
-    @property
-    def copy_call(self) -> str:
-        """The HSA function this device's engine copies go through."""
-        return "hsa_amd_memory_async_copy" if self.rocr_picks else "hsa_amd_memory_async_copy_on_engine"
-
     def runs(self, queue: str | None) -> bool:
         """Whether ``queue`` (a future's ``queue``) names one of these engines."""
         return queue is not None and queue.startswith((f"{self.name}.sdma", f"{self.name}.rocr-"))

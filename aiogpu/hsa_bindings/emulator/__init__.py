@@ -224,8 +224,9 @@ class EmulatedLibrary:
     records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
-    def __init__(self, gpus: int = 2, *, rocr_version: str = ROCR_5_2_3, sdma_engines: int = 2, xgmi_engines: int = 0, compute_units: int = 4,
-                 eager: bool = False, emulator_event_limit: int = EVENT_LIMIT,
+    def __init__(self, gpus: int = 2, *, rocr_version: str = ROCR_5_2_3, sdma_engines: int = 2,
+                 xgmi_engines: int = 0, compute_units: int = 4, eager: bool = False,
+                 emulator_event_limit: int = EVENT_LIMIT,
                  emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
                  engine_history_records: int = HISTORY_RECORDS) -> None:
         if gpus < 0 or not 0 <= sdma_engines <= 2 or not 0 <= xgmi_engines <= MAX_XGMI_ENGINES or compute_units < 1:
