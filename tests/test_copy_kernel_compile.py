@@ -98,3 +98,19 @@ async def test_a_copy_kernel_that_does_not_compile_fails_the_copy(make_runtime, 
         await asyncio.wait_for(f, 30)
     assert isinstance(info.value.__cause__, ValueError)
     assert rt.stats()["pending"] == 0
+
+
+def test_close_while_a_copy_waits_for_the_copy_kernel_abandons_it(monkeypatch):
+    rt = aiogpu.Runtime("emulator", gpus=1, copy_engines=False)
+    dev = rt.devices[0]
+    dev._kernels.pop(copy_kernel, None)
+    held = HeldCompile(monkeypatch, dev)
+    buf = dev.alloc(64)
+    f = rt.copy(buf, np.zeros(64, np.uint8))
+    assert held.started.wait(5)
+    try:
+        rt.close(timeout=0.2)                  # the compile is still held
+        assert f.done()
+        assert isinstance(f.exception(), aiogpu.GPUError) and "abandoned" in str(f.exception())
+    finally:
+        held.release.set()
