@@ -48,6 +48,19 @@ async def test_on_rocr_5_2_3_copies_run_on_the_blits_rocr_picks_for_the_copy_age
     assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 1, "gpu0.rocr-peer": 1, "gpu1.rocr-d2h": 1, "shader": 0}
     assert {r.kind for r in emu.timeline} - {"barrier"} == {"copy"}   # no dispatch: no shader copy
     assert "copies: hsa_amd_memory_async_copy (" in rt.describe()
+    assert "emulated ROCr release: 5.2.3" in rt.describe()
+
+
+@pytest.mark.asyncio
+async def test_on_rocr_5_2_3_peer_copies_in_an_xgmi_hive_use_the_sources_xgmi_blit(make_runtime):
+    """ROCr (GpuAgent::GetBlitObject -> GetXgmiBlit): GPUs of one hive copy to each other on the
+    source's xGMI blits, one per peer in turn; host copies stay on the PCIe blits."""
+    rt = make_runtime(xgmi_engines=2)
+    emu = rt.api.emulator
+    h2d, peer, d2h = await three_directions(rt)
+    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-peer", "gpu1.rocr-d2h")
+    assert emu.blit_stats(0) == {"h2d": {"sdma": True, "copies": 1}, "xgmi0": {"sdma": True, "copies": 1}}
+    assert emu.blit_stats(1) == {"d2h": {"sdma": True, "copies": 1}}
 
 
 @pytest.mark.asyncio
@@ -125,6 +138,7 @@ async def test_on_rocm_5_7_aiogpu_chooses_the_engines(make_runtime):
     assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.sdma0", "gpu0.sdma1", "gpu1.sdma1")
     assert rt.stats()["copies"] == {"gpu0.sdma0": 1, "gpu0.sdma1": 1, "gpu1.sdma1": 1, "shader": 0}
     assert "copies: hsa_amd_memory_async_copy_on_engine; SDMA engines free" in rt.describe()
+    assert "emulated ROCr release: 5.7" in rt.describe()
 
 
 @pytest.mark.asyncio

@@ -347,6 +347,8 @@ class HsaRuntime(Runtime):
         api = self.api
         optional = "all present" if not api.missing else "absent: " + ", ".join(api.missing)
         lines = [super().describe(), f"optional HSA calls: {optional}"]
+        if api.emulator is not None:
+            lines.append(f"emulated ROCr release: {api.emulator.rocr_version}")
         for agent in self.all_agents():
             lines.append(self._describe_agent(agent))
             for dev in self.devices:
