@@ -117,16 +117,18 @@ async def test_on_rocr_5_2_3_graph_copies_replay_on_rocr_blits(make_runtime):
     n = 4096
     host, out = np.arange(n, dtype=np.uint8), np.zeros(n, np.uint8)
     a, b = d0.alloc(n), d1.alloc(n)
+    c = d1.alloc(n)
     with aiogpu.Graph() as g:
         up = aiogpu.copy(a, host)
         over = aiogpu.copy(b, a, after=[up])
-        aiogpu.copy(out, b, after=[over])
+        within = aiogpu.copy(c, b, after=[over])          # within one device: a shader copy
+        aiogpu.copy(out, c, after=[within])
     exe = g.instantiate()
     for _ in range(3):
         await asyncio.wait_for(exe.launch(), 30)
         np.testing.assert_array_equal(out, host)
         out[:] = 0
-    assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 3, "gpu0.rocr-peer": 3, "gpu1.rocr-d2h": 3, "shader": 0}
+    assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 3, "gpu0.rocr-peer": 3, "gpu1.rocr-d2h": 3, "shader": 3}
 
 
 @pytest.mark.asyncio
@@ -204,3 +206,25 @@ async def test_graph_copy_replays_between_ordinary_copies_never_raise(make_runti
             await asyncio.wait_for(aiogpu.gather(up, down), 30)
         np.testing.assert_array_equal(host_out, host_in)
     np.testing.assert_array_equal(await b.to_numpy(), np.full(n, 3, np.uint8))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("version", ["5.7", "5.2.3"])
+async def test_graph_replay_whose_copy_call_fails_copies_with_a_shader(make_runtime, monkeypatch, version):
+    """Any engine failure at replay time: by then the replay's futures exist and its other parts
+    run, so raising would leave them hanging; the copy runs as a shader copy instead."""
+    from aiogpu.hsa_bindings import types as T
+    rt = make_runtime(rocr_version=version)
+    d0, d1 = rt.devices
+    n = 4096
+    a, b = d0.alloc(n), d1.alloc(n)
+    await aiogpu.copy(a, np.arange(n, dtype=np.uint8))
+    with aiogpu.Graph() as g:
+        aiogpu.copy(b, a)
+    exe = g.instantiate()
+    call = "hsa_amd_memory_async_copy_on_engine" if version == "5.7" else "hsa_amd_memory_async_copy"
+    monkeypatch.setattr(rt.api, call, lambda *args: T.HSA_STATUS_ERROR_INVALID_SIGNAL)
+    await asyncio.wait_for(exe.launch(), 30)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(await b.to_numpy(), np.arange(n, dtype=np.uint8))
+    assert rt.stats()["copies"]["shader"] == 1
