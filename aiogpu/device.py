@@ -23,6 +23,8 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 - ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
   built-in fill kernel through ``_submit_kernel``).
 - ``_check_grid(grid, block)``: backend limits beyond the core's (default: none).
+- ``_lane_load(lane) -> int``: how much unretired work a compute lane holds, for ``pick_lane``
+  (default: 0, round-robin).
 - ``_destroy()``: release the device's driver objects (runtime close).
 """
 from __future__ import annotations
@@ -424,13 +426,29 @@ class Device:
     # -- lanes ---------------------------------------------------------------------------------
     def pick_lane(self, deps: dict[GPUFuture, Any]) -> Any:
         """The compute lane of the newest live dependency on this device (lane order then
-        suffices for it), else the next compute lane round-robin, so independent work spreads.
-        ``deps``: an operation's dependencies, oldest first (a dict: it reverses in place)."""
-        if not deps:
-            return self.compute[next(self._rr)]
-        for fut in reversed(deps):
-            lane = fut.lane
-            if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
-                    and getattr(lane, "kind", "") == "compute":
+        suffices for it), else the least loaded compute lane (an idle one if there is one; ties
+        in round-robin order), so independent work spreads and never queues behind a long
+        kernel while another lane is free. ``deps``: an operation's dependencies, oldest first
+        (a dict: it reverses in place)."""
+        if deps:
+            for fut in reversed(deps):
+                lane = fut.lane
+                if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
+                        and getattr(lane, "kind", "") == "compute":
+                    return lane
+        lanes = self.compute
+        start = next(self._rr)
+        best, least = None, None
+        for i in range(len(lanes)):
+            lane = lanes[(start + i) % len(lanes)]
+            load = self._lane_load(lane)
+            if load == 0:
                 return lane
-        return self.compute[next(self._rr)]
+            if least is None or load < least:
+                best, least = lane, load
+        return best
+
+    def _lane_load(self, lane: Any) -> int:
+        """How much unretired work ``lane`` holds (0: idle). Default: always 0, so lanes are
+        taken in round-robin order."""
+        return 0

@@ -217,6 +217,7 @@ class Runtime:
         self.backend, self.reason = self._chosen
         self.closed = False
         self.copy_engines = bool(copy_engines)
+        self.shader_copies = 0            # copies run as the built-in copy kernel (stats)
         self.hub = hub
         hub.owner = self
         self.lock = hub.lock
@@ -423,7 +424,32 @@ class Runtime:
         if fresh_dst:
             rw, writes = (reads, writes), []
         return self.submit_guarded(op.device, op.label, reads, writes, after,
-                                   functools.partial(self._run_copy, op), deferred_rw=rw)
+                                   functools.partial(self._run_copy, op), deferred_rw=rw,
+                                   compile=self._copy_kernel_compile(op))
+
+    def _copy_kernel_compile(self, op: CopyOp) -> Any:
+        """The compile of the built-in copy kernel when ``op`` would run as a shader copy now
+        and that kernel is not loaded on its device yet (None otherwise): the copy is then
+        deferred behind it, as a launch is behind its kernel's compile, so comgr or NVRTC never
+        runs on the event loop. (A copy an engine was expected to take but that falls back
+        after all, or one submitted later behind deferred work, loads the kernel where it is
+        submitted; the engines' own answer makes that rare.)"""
+        dev = op.device
+        if copy_kernel in dev._kernels:
+            return None
+        compiling = dev._compiling.get(copy_kernel)
+        if compiling is None and not dev._needs_compile(copy_kernel):
+            return None              # loading it is fast (the emulator, a warm disk cache)
+        if self.copy_engines and self._engine_may_take(op) or not self._shader_can_copy(op):
+            return None
+        if compiling is None:
+            compiling = dev._start_compile(copy_kernel)
+        return compiling if compiling is not None and (not compiling.done() or compiling._exc is not None) else None
+
+    def _engine_may_take(self, op: CopyOp) -> bool:
+        """Whether ``_submit_copy`` is expected to take ``op`` now (not return None): a cheap
+        prediction, asked only while the copy kernel is not loaded. Default: always."""
+        return True
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
         """Host pointers, then the engine when one can take the copy, else a shader copy. The
@@ -441,6 +467,7 @@ class Runtime:
                 fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
                                          (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
                                          [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
+                self.shader_copies += 1
         except BaseException:
             for fn in op.cleanup:
                 fn()

@@ -100,6 +100,10 @@ class HsaDevice(Device):
         self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg, loaded.kernarg_align)
         return fut
 
+    def _lane_load(self, lane: AqlQueue) -> int:
+        """Packet groups in flight or back-logged on the queue."""
+        return len(lane.inflight) + len(lane.backlog)
+
     def submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
                      deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"",
                      kernarg_align: int = 16) -> None:

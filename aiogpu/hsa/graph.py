@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..device import check_args
+from ..errors import GPUError
 from ..futures import GPUFuture
 from ..graph import Graph, GraphExec, GraphNode
 from ..hsa_bindings import packets as P
@@ -109,6 +110,7 @@ class HsaGraphExec(GraphExec):
                     if isinstance(self.lane_of[d], _QueueRef) and self.lane_of[d].device is dev]
             queue = same[-1].queue if same else dev.queues[next(rr) % len(dev.queues)]
             self.lane_of[node] = _QueueRef(dev, queue)
+        self._shader_copies = sum(node.kind == "shader-copy" for node in self.nodes)   # per replay (stats)
 
     def _node_device(self, node: GraphNode) -> Device:
         if node.kind == "launch":
@@ -236,6 +238,7 @@ class HsaGraphExec(GraphExec):
             parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed))
         for node, engine in self.engine_of.items():
             parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
+        self.runtime.shader_copies += self._shader_copies
         replay = hub.new_future(label)
         replay.kind = "graph"
         first_dev = self.home_device()
@@ -314,10 +317,17 @@ class HsaGraphExec(GraphExec):
             hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
         fut.preds.extend(waits)
-        name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent, dst.nbytes,
-                                  [w.signal for w in waits], fut.signal)
+        try:
+            name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,
+                                      dst.nbytes, [w.signal for w in waits], fut.signal)
+        except GPUError:
+            # Any other failure of the copy call: by now this replay's futures exist and its
+            # other parts run, waiting on this node's signal; raising would leave them pending
+            # for good. aiogpu's own copy does the node's work instead.
+            name = None
         if name is None:
             name = self._fallback_copy(node, fut, dev, waits)
+            self.runtime.shader_copies += 1
         fut.queue = name
         return fut
 

@@ -30,7 +30,7 @@ KERNARG_RING_BYTES = 256 << 10
 # that run longer than this on their own (docs/rocr-model.md says why).
 DEFAULT_WATCHDOG_S = 60.0
 # Options that shape the emulated hardware; given to the real library they raise TypeError.
-EMULATOR_OPTIONS = frozenset({"gpus", "sdma_engines", "xgmi_engines", "compute_units", "eager",
+EMULATOR_OPTIONS = frozenset({"gpus", "rocr_version", "sdma_engines", "xgmi_engines", "compute_units", "eager",
                               "emulator_event_limit", "emulator_min_queue_size", "timeline_records",
                               "engine_history_records"})
 
@@ -40,7 +40,8 @@ class HsaRuntime(Runtime):
 
     Options beyond the core's: ``ring_size`` (AQL packets per queue ring, rounded up to a power
     of two and clamped to what the agent accepts, as ROCr needs; ValueError if not positive), and, for the
-    emulator only, ``gpus``, ``sdma_engines`` and ``xgmi_engines`` (engines per emulated GPU),
+    emulator only, ``gpus``, ``rocr_version`` (``"5.2.3"``, the default, or ``"5.7"``: see
+    ``EmulatedLibrary``), ``sdma_engines`` and ``xgmi_engines`` (engines per emulated GPU),
     ``compute_units``, ``eager`` (the packet processor reads a slot as soon as its header is
     valid), ``emulator_event_limit``, ``emulator_min_queue_size``, ``timeline_records`` and
     ``engine_history_records``. ``watchdog_s`` defaults to ``DEFAULT_WATCHDOG_S`` here.
@@ -217,6 +218,9 @@ class HsaRuntime(Runtime):
                 side.ptr = self.host.lock(addr, n, side.obj)
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
 
+    def _engine_may_take(self, op: CopyOp) -> bool:
+        return op.device.engines.may_take(self.agent_of(op.dst), self.agent_of(op.src))
+
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
         """The copy on one of the device's SDMA engines (source device for peer copies and
         device-to-host, destination for host-to-device); None when none can take it. An engine
@@ -243,7 +247,7 @@ class HsaRuntime(Runtime):
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc
             return ordering.failed_without_running(self.hub, op.label, err, [op.dst.state])
-        if name is None:           # the engine ran out between status and submit
+        if name is None:           # the engine ran out between status and submit, or refused
             self._withdraw(fut, live)
             return None
         fut.queue = name
@@ -330,7 +334,7 @@ class HsaRuntime(Runtime):
                 err.__cause__ = lost.__cause__
                 self.hub.fail(fut, err)
         for fut in mine:
-            if not fut.retired and ".sdma" in (fut.queue or ""):
+            if not fut.retired and dev.engines.runs(fut.queue):
                 err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
                 err.__cause__ = lost
                 self.hub.fail(fut, err)
@@ -367,6 +371,10 @@ class HsaRuntime(Runtime):
             "backlog": sum(len(q.backlog) for q in queues),
             "host_locks": self.host.count,
             "kernarg_blocks": len(self._kernarg_blocks),   # queues' rings and graphs' kernargs
+            # How copies ran: per engine name (gpu0.sdma1 chosen by aiogpu, gpu0.rocr-h2d chosen by
+            # ROCr), and "shader" for aiogpu's own copy kernel.
+            "copies": {**{k: v for d in self.devices for k, v in sorted(d.engines.counts.items())},
+                       "shader": self.shader_copies},
         }
 
     def describe(self) -> str:
@@ -375,15 +383,23 @@ class HsaRuntime(Runtime):
         api = self.api
         optional = "all present" if not api.missing else "absent: " + ", ".join(api.missing)
         lines = [super().describe(), f"optional HSA calls: {optional}"]
+        if api.emulator is not None:
+            lines.append(f"emulated ROCr release: {api.emulator.rocr_version}")
         for agent in self.all_agents():
             lines.append(self._describe_agent(agent))
             for dev in self.devices:
                 if dev.agent.handle == agent.handle:
                     lines.append(f"    queues: {', '.join(f'{q.name} (ring {q.size})' for q in dev.queues)}")
-                    h2d = dev.engines.free_engines(agent, self._cpu)    # per direction (an agent
-                    d2h = dev.engines.free_engines(self._cpu, agent)    # with itself is invalid)
-                    lines.append(f"    SDMA engines free: host-to-device {len(h2d)}, device-to-host {len(d2h)}" + (
-                        "" if api.has_engine_copy else " (library lacks engine calls: shader copies)"))
+                    if dev.engines.lost:
+                        lines.append("    copies: shader copies (SDMA queues lost to a memory fault)")
+                    elif dev.engines.rocr_picks:
+                        lines.append("    copies: hsa_amd_memory_async_copy (no engine calls in this ROCr: "
+                                     "its SDMA queues, or its blit kernels where it has none)")
+                    else:
+                        h2d = dev.engines.free_engines(agent, self._cpu)    # per direction (an agent
+                        d2h = dev.engines.free_engines(self._cpu, agent)    # with itself is invalid)
+                        lines.append(f"    copies: hsa_amd_memory_async_copy_on_engine; SDMA engines free: "
+                                     f"host-to-device {len(h2d)}, device-to-host {len(d2h)}")
         return "\n".join(lines)
 
     def _describe_agent(self, agent: Any) -> str:

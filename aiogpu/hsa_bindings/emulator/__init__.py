@@ -26,7 +26,8 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
+  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``blit_stats(gpu)`` (which
+  of ROCr's blits exist, SDMA queue or blit kernel, and how many copies each ran), ``gpu_agent(i)``,
   ``locked_ranges()``, ``signal_stats()``, ``kernarg_mismatches`` (dispatches whose hidden
   geometry arguments, which the body sees, disagree with the packet).
 - ``queue_error_cause(queue_id, packet=None)``: the exception that explains a queue error the
@@ -212,10 +213,18 @@ class _State:
         self.ctx.memory.release_all()
 
 
+ROCR_5_2_3, ROCR_5_7 = "5.2.3", "5.7"
+ROCR_VERSIONS = (ROCR_5_2_3, ROCR_5_7)
+
+
 class EmulatedLibrary:
     """The emulated HSA library with ``gpus`` GPU agents (plus the CPU agent).
 
-    Options: ``sdma_engines`` per GPU (ROCr's NumSdmaEngines: 0..2; 0 models SDMA disabled, as
+    Options: ``rocr_version``, the ROCr release modelled: ``"5.2.3"`` (the default: the release
+    Debian ships and aiogpu builds against) exports neither ``hsa_amd_memory_async_copy_on_engine``
+    nor ``hsa_amd_memory_copy_engine_status``, so every copy goes through
+    ``hsa_amd_memory_async_copy`` and ROCr picks the blit; ``"5.7"`` (ROCm 5.7 and later) has
+    both. ``sdma_engines`` per GPU (ROCr's NumSdmaEngines: 0..2; 0 models SDMA disabled, as
     with HSA_ENABLE_SDMA=0), ``xgmi_engines`` per GPU (NumSdmaXgmiEngines, 0..14; with any, all
     GPUs form one xGMI hive), ``compute_units`` worker threads per GPU (how many dispatches
     overlap), ``eager`` packet processor from the start.
@@ -228,12 +237,21 @@ class EmulatedLibrary:
     records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
-    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, xgmi_engines: int = 0, compute_units: int = 4,
-                 eager: bool = False, emulator_event_limit: int = EVENT_LIMIT,
+    def __init__(self, gpus: int = 2, *, rocr_version: str = ROCR_5_2_3, sdma_engines: int = 2,
+                 xgmi_engines: int = 0, compute_units: int = 4, eager: bool = False,
+                 emulator_event_limit: int = EVENT_LIMIT,
                  emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
                  engine_history_records: int = HISTORY_RECORDS) -> None:
         if gpus < 0 or not 0 <= sdma_engines <= 2 or not 0 <= xgmi_engines <= MAX_XGMI_ENGINES or compute_units < 1:
             raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 2, 0 <= xgmi_engines <= 14 and compute_units >= 1")
+        if rocr_version not in ROCR_VERSIONS:
+            raise ValueError(f"rocr_version must be one of {ROCR_VERSIONS}, got {rocr_version!r}")
+        self.rocr_version = rocr_version
+        if rocr_version == ROCR_5_2_3:
+            # Absent from ROCr 5.2.3 (hsa_ext_amd.cpp has hsa_amd_memory_async_copy only): the
+            # loader, which binds what the library has, finds no such functions.
+            self.hsa_amd_memory_async_copy_on_engine = None
+            self.hsa_amd_memory_copy_engine_status = None
         size = emulator_min_queue_size
         if size < 1 or size & (size - 1) or size > QUEUE_MAX_SIZE:
             raise ValueError(f"emulator_min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
@@ -287,6 +305,17 @@ class EmulatedLibrary:
             for outcome, count in engine.outcomes.items():
                 total[outcome] = total.get(outcome, 0) + count
         return total
+
+    def blit_stats(self, gpu: int) -> dict[str, dict]:
+        """Per blit of GPU ``gpu`` created so far (ROCr creates each at its first copy), by its
+        role (``"d2d"``, ``"h2d"``, ``"d2h"`` (also PCIe peer copies), ``"xgmi0"``, ...): whether
+        it is an SDMA queue (``"sdma"``; False: ROCr's blit-kernel fallback) and how many copies
+        it ran (``"copies"``, every outcome)."""
+        out = {}
+        for blit in self._require_state().copies.blits[gpu]:
+            if blit.created:
+                out[blit.role] = {"sdma": blit.is_sdma, "copies": sum(blit.outcomes.values())}
+        return out
 
     def signal_stats(self) -> dict[str, int]:
         """KFD signal events (``events_in_use``, ``events_peak``, ``event_limit``) and what ROCr's
