@@ -275,6 +275,11 @@ class DeviceMemory:
         self.large.clear()
 
     @property
+    def driver_bytes(self) -> int:
+        """Bytes held from the driver (in use or cached for reuse)."""
+        return sum(self._sizes.values())
+
+    @property
     def allocations(self) -> int:
         """Live allocations, small and large (a leak counter)."""
         return self.small.used + len(self.large)
