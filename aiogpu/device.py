@@ -32,6 +32,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import sys
+import traceback
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -52,6 +54,16 @@ MAX_WORKGROUP = 1024
 # The largest grid of the built-in copy and fill kernels: a dispatch packet's grid size is a
 # 32-bit count, so larger copies and fills stride (each work-item handles every cap-th item).
 SHADER_GRID_CAP = 1 << 30
+
+
+def _caller_stack(frames: int) -> traceback.StackSummary:
+    """``frames`` frames of the stack above ``Device.alloc``, most recent call last; source
+    lines are read only when the summary is formatted (as tracemalloc, nothing per allocation
+    beyond the frames' names and line numbers)."""
+    stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(2)), limit=frames,
+                                           lookup_lines=False)
+    stack.reverse()
+    return stack
 
 
 def check_dims(name: str, dims: Any, limit: int) -> tuple[int, ...]:
@@ -294,7 +306,10 @@ class Device:
             with rt.lock:
                 rt.check_open()
                 address = memory.alloc(nbytes)
-        return Buffer(self, address, nbytes, memory.give_back)
+        buf = Buffer(self, address, nbytes, memory.give_back)
+        if rt.track_allocations:       # (for leak reports: Runtime.leaks names where)
+            buf.allocated_at = _caller_stack(rt.track_allocations)
+        return buf
 
     @functools.cached_property
     def memory_size(self) -> int | None:
