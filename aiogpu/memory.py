@@ -343,7 +343,12 @@ class Buffer:
     ``base`` (the allocation) alive, and is unusable once the base is freed. GPU work on views
     is ordered by the bytes it touches: work on disjoint views of one buffer may overlap,
     overlapping views are ordered as one buffer is.
+
+    ``allocated_at``: where ``Device.alloc`` made it (a ``traceback.StackSummary``) when its
+    runtime tracks allocations (``Runtime.track_allocations``), else None.
     """
+
+    allocated_at: Any = None     # (a class default: set per buffer only while tracking)
 
     def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
         self.device = device

@@ -793,7 +793,7 @@ class Runtime:
             if type(obj) is Buffer and obj._base is None and "_owned" in obj.__dict__ \
                     and getattr(obj.device, "runtime", None) is self:
                 out.append(HeldBuffer(repr(obj), obj.nbytes, obj.device.name, obj.address, obj.users,
-                                      obj.__dict__.get("allocated_at")))
+                                      obj.allocated_at))
         out.sort(key=lambda h: (h.device, h.address))
         return out
 
