@@ -105,3 +105,38 @@ def test_a_batch_held_past_the_exit_stays_usable_and_goes_back_when_released(rt)
     assert held(rt) == 0
     kept.release()                                  # idempotent
     assert held(rt) == 0
+
+
+class _Abort(BaseException):
+    """Not an Exception: what a Ctrl-C or SystemExit through the body is to the loader."""
+
+
+def test_the_pool_goes_back_on_a_base_exception(rt):
+    async def main():
+        loader = aiogpu.Loader(batches(40), rt.devices, prefetch=2)
+        with pytest.raises(_Abort):
+            async with loader:
+                async for batch in loader:
+                    await use(batch)
+                    if batch.index == 3:
+                        raise _Abort
+        return loader
+
+    loader = anyio.run(main)
+    assert held(rt) == 0
+
+
+def test_leaving_after_the_runtime_closed_raises_nothing(make_runtime):
+    rt = make_runtime()
+
+    async def main():
+        async with aiogpu.Loader(batches(10), rt.devices, prefetch=2) as loader:
+            async for batch in loader:
+                await use(batch)
+                if batch.index == 2:
+                    rt.close()
+                    break
+        return loader
+
+    loader = anyio.run(main)
+    assert rt.closed and loader.batches >= 3
