@@ -11,7 +11,7 @@ import pytest
 
 import aiogpu
 from backends import wait_for_baseline
-from gpu_kernels import scale
+from gpu_kernels import Gate, scale
 
 
 def batches(n, size=256):
@@ -140,3 +140,33 @@ def test_leaving_after_the_runtime_closed_raises_nothing(make_runtime):
 
     loader = anyio.run(main)
     assert rt.closed and loader.batches >= 3
+
+
+def test_a_pooled_buffer_still_used_goes_back_only_when_its_work_retired(rt):
+    """The consumer's kernel on a released batch is still waiting when the block is left: the
+    buffer is freed but its memory is not handed out again until that kernel has retired."""
+    dev = rt.devices[0]
+    gate = Gate()
+
+    async def main():
+        async with aiogpu.Loader(batches(3), [dev], prefetch=1) as loader:
+            async for batch in loader:
+                if batch.index == 2:
+                    held = gate.launch(dev)
+                    late = dev.launch(scale, grid=(256,), block=(256,), args=(batch.data, 2.0, 256),
+                                      after=[batch.ready, held])
+                    address = batch.data.address
+                batch.release()
+        return loader, late, address
+
+    loader, late, address = anyio.run(main)
+    assert not late.done()
+    others = [dev.alloc(1024) for _ in range(4)]    # the busy piece's size class
+    assert address not in {o.address for o in others}
+    stats = rt.stats()
+    assert stats["small_allocations"] == 5          # 4 new, and the busy one
+    gate.open()
+    assert late.wait(10) and late.exception() is None
+    for o in others:
+        o.free()
+    assert held(rt) == 0
