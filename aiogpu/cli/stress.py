@@ -31,7 +31,8 @@ import aiogpu
 from aiogpu.cli import closing
 from aiogpu.futures import cause_chain
 from aiogpu.hsa_bindings import types as T
-from aiogpu.hsa_bindings.emulator import InjectedFault
+from aiogpu.errors import InjectedFault
+from aiogpu.runtime import Leaks
 
 WORDS = 64          # int64 elements per buffer
 OP_TIMEOUT_S = 60.0  # an await that takes longer than this counts as a hang
@@ -257,7 +258,7 @@ def wait_idle(rt: Any, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def count_leaks(rt: Any) -> dict:
+def count_leaks(rt: Any) -> Leaks:
     """What the runtime still holds once no work is pending (the runtime's one leak check)."""
     return rt.leaks(5.0, buffers=True)
 
@@ -305,7 +306,7 @@ async def _report(rt: Any, stats: Stats, total: int, budget: list, workers: list
 
 
 def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool = True,
-               period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, dict]:
+               period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, Leaks]:
     """Run the stress workload on a fresh emulated runtime; returns (stats, leaks)."""
     rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
     with closing(rt):
@@ -341,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
     for note in stats.notes[:20]:
         print(f"  note: {note}")
     if leaks:
-        print(f"  leaks: {leaks}")
+        print("  leaks: " + leaks.describe().replace("\n", "\n  "))
     if stats.unexpected:
         print(f"  {stats.unexpected} unexpected failures")
     print(summary_line(stats, leaks))
