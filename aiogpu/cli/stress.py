@@ -29,9 +29,9 @@ import numpy as np
 
 import aiogpu
 from aiogpu.cli import closing
+from aiogpu.errors import InjectedFault
 from aiogpu.futures import cause_chain
 from aiogpu.hsa_bindings import types as T
-from aiogpu.errors import InjectedFault
 from aiogpu.runtime import Leaks
 
 WORDS = 64          # int64 elements per buffer
