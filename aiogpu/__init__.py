@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import (BackendUnavailable, BlockingCallError, CudaError, DeviceLost, GPUError, HsaError, InvalidStateError,
-                     NotOnCudaError, OutOfMemoryError, RuntimeClosedError, WatchdogTimeout)
+from .errors import (BackendUnavailable, BlockingCallError, CudaError, DeviceFault, DeviceLost, GPUError, HsaError,
+                     InjectedFault, InvalidStateError, KernelError, MemoryFault, NotOnCudaError, OutOfMemoryError,
+                     RuntimeClosedError, WatchdogTimeout)
 from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
@@ -25,7 +26,8 @@ from .trace import trace
 __all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
            "GraphExec", "GraphNode", "TaskGroup", "Loader", "Batch", "trace", "copy", "gather", "stream_future",
            "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "DeviceLost", "RuntimeClosedError",
-           "BackendUnavailable", "BlockingCallError", "InvalidStateError", "NotOnCudaError", "__version__"]
+           "BackendUnavailable", "BlockingCallError", "InvalidStateError", "NotOnCudaError", "DeviceFault",
+           "KernelError", "MemoryFault", "InjectedFault", "__version__"]
 __version__ = "0.1.0"
 
 

@@ -10,6 +10,8 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 
 - ``_raw_alloc(size) -> address`` / ``_raw_free(address)``: device memory from the driver;
   ``_raw_alloc`` raises ``OutOfMemoryError`` when there is none.
+- ``_memory_size() -> int | None``: the device's memory in bytes (None: the backend cannot tell);
+  asked once. ``_memory_free() -> int | None``: what is free now (None: cannot tell).
 - ``_load(kernel) -> loaded``: the kernel's code loaded on this device (cached by ``loaded``);
   fast once ``_compile`` has run.
 - ``_needs_compile(kernel) -> bool``: whether loading ``kernel`` must first compile it (slow);
@@ -29,8 +31,11 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import sys
+import traceback
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
@@ -39,16 +44,28 @@ from . import deferred, ordering
 from .errors import OutOfMemoryError
 from .futures import GPUFuture
 from .kernels import Kernel, fill_kernel
-from .memory import Buffer, DeviceMemory
+from .memory import BLOCK, SMALL_LIMIT, Buffer, DeviceMemory, round_up
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 MAX_GRID = 0xFFFFFFFF
+# A 64-bit address space: the bound on an allocation where the backend cannot tell the device's size.
+ADDRESS_SPACE = 1 << 64
 MAX_WORKGROUP = 1024
 # The largest grid of the built-in copy and fill kernels: a dispatch packet's grid size is a
 # 32-bit count, so larger copies and fills stride (each work-item handles every cap-th item).
 SHADER_GRID_CAP = 1 << 30
+
+
+def _caller_stack(frames: int) -> traceback.StackSummary:
+    """``frames`` frames of the stack above ``Device.alloc``, most recent call last; source
+    lines are read only when the summary is formatted (as tracemalloc, nothing per allocation
+    beyond the frames' names and line numbers)."""
+    stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(2)), limit=frames,
+                                           lookup_lines=False)
+    stack.reverse()
+    return stack
 
 
 def check_dims(name: str, dims: Any, limit: int) -> tuple[int, ...]:
@@ -217,6 +234,12 @@ class Device:
     def _raw_free(self, address: int) -> None:
         raise NotImplementedError
 
+    def _memory_size(self) -> int | None:
+        return None
+
+    def _memory_free(self) -> int | None:
+        return None
+
     def _load(self, kernel: Kernel) -> Any:
         raise NotImplementedError
 
@@ -264,14 +287,18 @@ class Device:
     def alloc(self, nbytes: int) -> Buffer:
         """``nbytes`` of device memory (synchronous, cheap; contents undefined).
 
-        Raises TypeError/ValueError for a bad size, OutOfMemoryError when the device has no room,
-        RuntimeClosedError after ``close()``."""
+        Raises TypeError for a size that is no integer (bool, float, str), ValueError for zero
+        or less, OutOfMemoryError (``requested``, ``free``) when the device has no room (for a
+        size beyond ``memory_size`` before any driver call), RuntimeClosedError after
+        ``close()``."""
         if type(nbytes) is not int:
             if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
                 raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
             nbytes = int(nbytes)
         if nbytes <= 0:
             raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
+        if nbytes > SMALL_LIMIT:       # (only a large request can exceed the device)
+            self._check_room(nbytes)
         rt = self.runtime
         rt.check_open()
         memory = self.memory
@@ -281,7 +308,32 @@ class Device:
             with rt.lock:
                 rt.check_open()
                 address = memory.alloc(nbytes)
-        return Buffer(self, address, nbytes, memory.give_back)
+        buf = Buffer(self, address, nbytes, memory.give_back)
+        if rt.track_allocations:       # (for leak reports: Runtime.leaks names where)
+            buf.allocated_at = _caller_stack(rt.track_allocations)
+        return buf
+
+    @functools.cached_property
+    def memory_size(self) -> int | None:
+        """The device's memory in bytes (None where the backend cannot tell): no allocation
+        larger than this can succeed."""
+        return self._memory_size()
+
+    def _check_room(self, nbytes: int) -> None:
+        """OutOfMemoryError, before any driver call, for ``nbytes`` more than the device has
+        (or than a 64-bit address space holds, where the backend cannot tell): the driver
+        would refuse it, or fail on a size that does not fit its size_t (ROCr's
+        INVALID_ARGUMENT for 2**64, which wraps to 0)."""
+        size = round_up(nbytes, BLOCK)            # what the allocator asks the driver for
+        total = self.memory_size
+        if size <= (total if total is not None else ADDRESS_SPACE - BLOCK):
+            return
+        free = self._memory_free()
+        have = "an unknown amount" if free is None else f"{free} bytes"
+        whole = f"the device's {total} bytes of memory" if total is not None else "a 64-bit address space"
+        asked = "" if size == nbytes else f" ({nbytes} rounded up to whole 2 MiB blocks)"
+        raise OutOfMemoryError(f"{self.name}: out of memory allocating {size} bytes{asked}: more than {whole} "
+                               f"({have} free)", requested=size, free=free)
 
     def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
         """The error a raw allocator raises when the device has no room for ``size`` bytes."""

@@ -120,6 +120,17 @@ class CudaDevice(Device):
         self.make_current()
         cu.cuMemFree(address)
 
+    def _memory_size(self) -> int | None:
+        """``cuMemGetInfo``'s total in this device's context."""
+        self.make_current()
+        info = cu.cuMemGetInfo()
+        return int(info[2]) if int(info[0]) == 0 else None
+
+    def _memory_free(self) -> int | None:
+        self.make_current()
+        info = cu.cuMemGetInfo()
+        return int(info[1]) if int(info[0]) == 0 else None
+
     # -- hooks: kernels ------------------------------------------------------------------------
     def _needs_compile(self, kernel: Kernel) -> bool:
         """CUDA C source not yet compiled by NVRTC in this process for this architecture."""

@@ -47,6 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import _interrupts
+from ...errors import InjectedFault, KernelError, MemoryFault
 from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
@@ -54,10 +55,10 @@ from .agents import QUEUE_MAX_SIZE, QUEUE_MIN_SIZE, Agent, AgentTable, StatusStr
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
-from .dispatch import KernelError, explanation
+from .dispatch import explanation
 from .events import MemoryFaultRecord, SystemEvents
 from .faults import FaultInjector, FaultRecord
-from .memory import MemoryFault, MemoryManager
+from .memory import MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
 from .sdma import HISTORY_RECORDS, MAX_XGMI_ENGINES, CopyEngines, CopyRecord
@@ -80,16 +81,6 @@ class QueueFault(Exception):
         self.record = record
         super().__init__(f"queue {record.queue} failed at packet {record.packet} "
                          f"({T.status_name(record.status)}): {record.detail}")
-
-
-class InjectedFault(Exception):
-    """A queue error or memory fault that fault injection asked for (``record``: what fired,
-    where and when): the failure was meant to happen."""
-
-    def __init__(self, record: FaultRecord):
-        self.record = record
-        super().__init__(f"injected {record.kind} on GPU {record.agent}, queue {record.queue}, "
-                         f"packet {record.packet}")
 
 
 # Fault records that are injected failures (a torn packet is a writer's bug the eager packet
