@@ -1,0 +1,65 @@
+"""The CUDA backend's host paths on bench/fakecuda's driver (each test in a child process, with
+``fakecuda_controls`` giving the fake what a GPU does: work still running, foreign arrays, sticky
+errors): deferred launches with foreign arrays, the waiter's wake-ups, bounced downloads, sticky
+errors across devices, and a failed construction."""
+from __future__ import annotations
+
+import textwrap
+
+from backends import on_fake_cuda, run_on_fake_cuda
+
+pytestmark = on_fake_cuda
+
+
+def run(script: str, timeout: float = 120) -> str:
+    proc = run_on_fake_cuda("import fakecuda_controls as fc\n" + textwrap.dedent(script), timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return proc.stdout
+
+
+DEFERRED_FOREIGN = r"""
+import gc, threading, weakref
+import aiogpu
+from aiogpu.cuda.device import CudaDevice
+
+gate = threading.Event()
+real_compile = CudaDevice._compile
+CudaDevice._compile = lambda self, k: (gate.wait(30), real_compile(self, k))[1]
+
+@aiogpu.kernel("f32*, u32", cuda='extern "C" __global__ void bump(float* y, unsigned n) {}')
+def bump(launch, y, n):
+    y[:n] += 1
+
+rt = aiogpu.Runtime("cuda")
+tensor = fc.ForeignArray(16, stream=0x7777)
+ref = weakref.ref(tensor)
+fut = rt.devices[0].launch(bump, (16,), (16,), (tensor, 16))
+print("deferred", type(fut).__name__, fut.done())
+del tensor
+gc.collect()
+print("kept while compiling", ref() is not None)
+start = len(fc.log)
+gate.set()
+print("done", fut.wait(10), fut.exception())
+calls = fc.log[start:]
+record = [i for i, c in enumerate(calls) if c[0] == "cuEventRecord" and c[2] == 0x7777]
+launch = [i for i, c in enumerate(calls) if c[0] == "cuLaunchKernel"]
+waited = [i for i, c in enumerate(calls) if c[0] == "cuStreamWaitEvent"]
+print("ordered", bool(record and waited and launch and record[0] < waited[0] < launch[0]))
+fut = None
+gc.collect()
+print("let go once done", ref() is None)
+print("leaks", rt.leaks(5))
+rt.close()
+"""
+
+
+def test_a_launch_deferred_by_its_compile_keeps_and_orders_after_a_foreign_array():
+    """The first launch of a kernel still compiling, with another library's array as an
+    argument: the array stays alive while the launch waits, and the launch is ordered after
+    the array's stream (an event recorded there, waited for on the launch's stream)."""
+    out = run(DEFERRED_FOREIGN)
+    assert "deferred Deferred False" in out, out
+    assert "kept while compiling True" in out, out
+    assert "done True None" in out and "ordered True" in out, out
+    assert "let go once done True" in out and "leaks {}" in out, out
