@@ -632,14 +632,29 @@ class FutureHub:
             self._thread.join(timeout=5)
         with self.lock:               # (its outermost section runs the backlog)
             pass
+        interrupt = None
         while self._events:           # (what was left for the waiter)
-            self._run_event(self._events.popleft())
+            interrupt = self._run_event(self._events.popleft()) or interrupt
+        if interrupt is not None:
+            raise interrupt
 
-    def _run_event(self, fn: Callable[[], None]) -> None:
+    def _run_event(self, fn: Callable[[], None], callback: Any = None) -> BaseException | None:
+        """Run ``fn`` (an event for the waiter, or ``callback.run``: a done-callback without a
+        loop, a ``_loops.Callback``), reporting whatever it raises, BaseException included,
+        through the ``aiogpu`` logger: it never kills the waiter nor stops what comes after it. Returns a KeyboardInterrupt or
+        SystemExit it raised on the main thread, for the caller to raise once the rest of its
+        batch has run (it may be a real Ctrl-C: it must not be lost); None otherwise."""
         try:
             fn()
-        except Exception:  # an event must never kill the waiter
-            log.exception("waiter event failed")
+        except BaseException as exc:  # noqa: BLE001 - see the docstring
+            if callback is None:
+                log.error("waiter event %r failed", fn, exc_info=exc)
+            else:
+                log.error("GPUFuture done-callback %r of %r raised", callback.fn, callback.arg, exc_info=exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) \
+                    and threading.current_thread() is threading.main_thread():
+                return exc
+        return None
 
     def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
         """Settle futures whose completion objects read complete (any thread; never waits for
@@ -882,16 +897,21 @@ class FutureHub:
 
     def _post(self, posts: dict, here: bool = True) -> None:
         """Wake the awaiters in ``posts``: one call per loop; those without a loop (threads'
-        callbacks) run on this thread, or with ``here`` False on the waiter thread."""
+        callbacks) run on this thread, or with ``here`` False on the waiter thread. What such
+        a callback raises is reported (``_run_event``); a KeyboardInterrupt or SystemExit on
+        the main thread is raised here once every loop has its batch and every callback ran."""
+        interrupt = None
         for port, awaiters in posts.items():
             if port is None:
                 for a in awaiters:
                     if here:
-                        self._run_event(functools.partial(a.set_result, None))
+                        interrupt = self._run_event(a.run, a) or interrupt
                     else:
-                        self.post_event(functools.partial(a.set_result, None))
+                        self.post_event(functools.partial(self._run_event, a.run, a))
             else:
                 port.post(awaiters)
+        if interrupt is not None:
+            raise interrupt
 
     # -- latency: a short spin on the loop before parking on the waiter -------------------------
     def spin(self, fut: GPUFuture):

@@ -41,7 +41,7 @@ import ctypes
 import time
 from typing import Any
 
-from .futures import FutureHub, GPUFuture
+from .futures import FutureHub, GPUFuture, log
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
@@ -233,8 +233,12 @@ class CompletionHub(FutureHub):
             api.hsa_signal_store_relaxed(T.hsa_signal_t(self._wake), 0)
             self._woken = False
             self.wakeups += 1
-            self._scan()
-            self.retry_backlog()
+            try:
+                self._scan()
+                self.retry_backlog()
+            except BaseException:  # noqa: BLE001 - the waiter must never die (callbacks are
+                # reported where they run; this is the last guard)
+                log.exception("HSA waiter scan failed")
 
     def _covers_everything(self, n: int) -> bool:
         """Whether the wait's n - 1 signals are all the pending work: nothing is left to the

@@ -2,8 +2,8 @@
 processes before aiogpu, since aiogpu.cuda.driver binds some driver calls at import).
 
 The fake runs every operation at once; these controls make the cases a real GPU produces:
-- ``hold(stream)``: the stream's completion-word writes wait until ``release(stream)`` (work
-  that is still running on the device);
+- ``hold(stream)``: the stream's completion-word writes wait until ``release(stream)``, and
+  queries of it say NOT_READY meanwhile (work that is still running on the device);
 - ``log``: the driver calls named in ``LOGGED``, with their arguments, in call order;
 - ``fail_queries(code)``: stream and event queries return ``code`` (a sticky error);
 - ``ForeignArray``: device memory of the fake with a ``__cuda_array_interface__`` (v3, with a
@@ -73,15 +73,19 @@ def release(stream) -> None:
         _real_write(stream, dptr, value, 0)
 
 
-def _query(real):
-    def call(*args):
+def _query(real, stream: bool):
+    def call(handle):
         code = _query_code[0]
-        return (cu.CUresult(code),) if code else real(*args)
+        if code:
+            return (cu.CUresult(code),)
+        if stream and int(handle) in _held:       # (its work is still running)
+            return (cu.CUresult.CUDA_ERROR_NOT_READY,)
+        return real(handle)
     return call
 
 
-cu.cuStreamQuery = _query(cu.cuStreamQuery)
-cu.cuEventQuery = _query(cu.cuEventQuery)
+cu.cuStreamQuery = _query(cu.cuStreamQuery, True)
+cu.cuEventQuery = _query(cu.cuEventQuery, False)
 
 
 def fail_queries(code: int) -> None:

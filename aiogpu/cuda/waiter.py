@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 from ..errors import GPUError
 from ..futures import (DONE, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
-                       submission_scope)
+                       log, submission_scope)
 from . import driver as D
 
 LOST_WAKEUP_GUARD_S = 0.1
@@ -375,8 +375,8 @@ class CudaHub(FutureHub):
             try:
                 self.scan()
                 self.retry_backlog()
-            except Exception:  # noqa: BLE001 - the waiter must never die
-                from ..futures import log
+            except BaseException:  # noqa: BLE001 - the waiter must never die (callbacks are
+                # reported where they run; this is the last guard)
                 log.exception("CUDA waiter scan failed")
 
     def close(self) -> None:
