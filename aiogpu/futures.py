@@ -171,10 +171,20 @@ class GPUFuture(_FutureProtocol):
         owner.wait_on(self, stream, device=device)
 
     def add_done_callback(self, fn: Callable[["GPUFuture"], Any], *, context: Any = None) -> None:
-        """Call ``fn(self)`` once done: on the calling event loop if there is one (scheduled,
-        never called inside this call, as asyncio does), else on the runtime's waiter thread
-        (keep such callbacks short and non-blocking); in ``context`` (a contextvars.Context) if
-        given."""
+        """Call ``fn(self)`` once done, in ``context`` (a contextvars.Context) if given.
+
+        On an event loop (asyncio, uvloop, trio): scheduled on that loop, never called inside
+        this call, as asyncio does; what it raises goes to the loop's exception handler.
+
+        Without a loop (a plain thread): on a future that is done already, ``fn`` runs inline,
+        before this call returns, and what it raises propagates to the caller. Otherwise it
+        runs once the work has settled, on the thread that settled it: the runtime's waiter
+        thread as a rule, or a thread whose own ``done()``, ``result()``, ``wait()`` or await
+        observed the completion first. Keep such callbacks short, non-blocking and
+        thread-safe. What one raises there (BaseException included) is reported through the
+        ``aiogpu`` logger and stops nothing else: the waiter runs on and later callbacks and
+        futures complete; only a KeyboardInterrupt or SystemExit raised on the main thread
+        propagates there, once the callbacks settled with it have run."""
         if context is not None:
             fn = _InContext(fn, context)
         port = _loops.current_port()
