@@ -63,3 +63,33 @@ def test_a_launch_deferred_by_its_compile_keeps_and_orders_after_a_foreign_array
     assert "kept while compiling True" in out, out
     assert "done True None" in out and "ordered True" in out, out
     assert "let go once done True" in out and "leaks {}" in out, out
+
+
+UNAWAITED_RETIRES = r"""
+import threading
+import numpy as np
+import aiogpu
+from aiogpu.cuda import waiter
+
+waiter.LOST_WAKEUP_GUARD_S = 30.0     # the idle waiter's sleep: only a wake-up ends it early
+rt = aiogpu.Runtime("cuda")
+d0 = rt.devices[0]
+threading.Event().wait(0.3)           # the waiter is asleep, nothing pending
+buf = d0.alloc(4096)
+fut = aiogpu.copy(buf, np.ones(1024, np.float32))    # nobody awaits it
+buf.free()                                           # freed once the copy retires
+for _ in range(1000):                # (reading no counter that polls: stats() would scan)
+    if fut.retired:
+        break
+    threading.Event().wait(0.01)
+print("retired unawaited", fut.retired, d0.memory.small.used)
+rt.close()
+"""
+
+
+def test_unawaited_work_retires_while_the_waiter_sleeps_its_long_guard():
+    """Work nobody awaits, submitted while the waiter sleeps its long guard (nothing pending):
+    the submission wakes it, so the work retires (its buffer is freed) at the next short scan,
+    not when a long sleep ends (30 s here)."""
+    out = run(UNAWAITED_RETIRES)
+    assert "retired unawaited True 0" in out, out

@@ -25,7 +25,8 @@ a completion reaches an awaiter, fastest first:
    state and takes no lock: their buffers, events and host memory are freed here, off the
    awaiters' latency path and off the loop). A bounded timeout guards
    against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
-   else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second.
+   else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second; work
+   submitted while it sleeps the long guard wakes it once (``watch``), to sleep the short one.
 
 Errors: a stream or event query that returns an error other than NOT_READY means the context
 hit a sticky error (illegal address, trap, ...): every pending future of that device fails with a
@@ -125,14 +126,20 @@ class CudaHub(FutureHub):
         return fut
 
     def watch(self, fut: GPUFuture) -> GPUFuture:
-        """Start watching ``fut`` (under lock). Unlike HSA, the waiter is not woken: it learns
-        of new work at its next scan, and awaiters arm their lane when they park."""
+        """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
+        finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its
+        long guard (nothing was left to its scans): then it is woken once, to sleep the short
+        one, so that work nobody awaits retires (frees its buffers) within
+        ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
         scope = submission_scope.get()
         if scope is not None:
             scope.append(fut)
         self._pending[fut.signal] = fut
         if fut.lane is not None:
             fut.lane.pending.append(fut)
+        if self._idle:               # (read after the append: see _run)
+            self._idle = False
+            self.sem.post()
         return fut
 
     def _wake_for(self, fut: GPUFuture) -> None:
@@ -367,7 +374,15 @@ class CudaHub(FutureHub):
     def _run(self) -> None:
         sem = self.sem
         while not self._stop:
-            sem.wait(self._guard())
+            # Set before the lanes are looked at: work watched after that look wakes us
+            # (``watch`` reads ``_idle`` after its append), so the long guard is never slept
+            # with work left to the scan.
+            self._idle = True
+            guard = self._guard()
+            if guard != LOST_WAKEUP_GUARD_S:
+                self._idle = False
+            sem.wait(guard)
+            self._idle = False
             sem.drain()
             self.wakeups += 1
             while self._events:
