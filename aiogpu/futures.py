@@ -104,7 +104,11 @@ class GPUFuture(_FutureProtocol):
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
-        """True once the work has completed or failed."""
+        """True once the work has completed or failed. Reads the completion itself (the
+        signal) when the waiter has not settled it yet, so it is current for work nobody
+        awaits too."""
+        if self._state == PENDING and self.signal:
+            self._hub.observe(self)
         return self._state != PENDING
 
     def submitted_work(self) -> "GPUFuture | None":
@@ -495,6 +499,16 @@ class FutureHub:
 
     def poll(self) -> None:
         """Observe completions now, on the calling thread (where the backend can; else no-op)."""
+
+    def observe(self, fut: GPUFuture) -> None:
+        """Settle the pending ``fut`` now if its completion object reads complete, as the
+        waiter's scan does (any thread, without waiting for ``lock``): ``done()`` answers from
+        the device. Not inside this thread's own section of ``lock``: the layers above call
+        ``done()`` there in the middle of a submission (a join whose members are not set yet
+        must not settle), and loop-less callbacks never run inside a holder's section."""
+        key = fut.signal
+        if key and not self.lock.raw._is_owned() and self.is_complete(key):
+            self._settle([(key, fut)])
 
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure the waiter is woken when ``fut`` (pending device work that ``arm`` just

@@ -183,6 +183,15 @@ class CompletionHub(FutureHub):
     def is_complete(self, key: int) -> bool:
         return self.api.hsa_signal_load_scacquire(T.hsa_signal_t(key)) < 1
 
+    def observe(self, fut: GPUFuture) -> None:
+        """``FutureHub.observe``: a cheap read of the signal's value word, then (when it looks
+        done) the acquire load the scan does before settling it. A signal recycled meanwhile
+        belongs to another future: ``_settle`` then ignores it."""
+        key = fut.signal
+        view = self.pool.views.get(key)
+        if view is not None and view.value < 1 and not self.lock.raw._is_owned() and self.is_complete(key):
+            self._settle([(key, fut)])
+
     def close(self) -> None:
         self.stop()
         self.api.hsa_signal_destroy(T.hsa_signal_t(self._wake))
