@@ -93,3 +93,58 @@ def test_unawaited_work_retires_while_the_waiter_sleeps_its_long_guard():
     not when a long sleep ends (30 s here)."""
     out = run(UNAWAITED_RETIRES)
     assert "retired unawaited True 0" in out, out
+
+
+FAILED_CONSTRUCTION = r"""
+import collections, threading
+from cuda.bindings import driver as cu
+import aiogpu
+
+counts = collections.Counter()
+def counting(name, fail_at=None):
+    real = getattr(cu, name)
+    def call(*args):
+        counts[name] += 1
+        if fail_at is not None and counts[name] == fail_at[0]:
+            return (cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, None)
+        return real(*args)
+    setattr(cu, name, call)
+
+cu.cuDeviceGetCount = lambda: (cu.CUresult.CUDA_SUCCESS, 2)
+fail_at = [0]
+for name in ("cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuStreamDestroy",
+             "cuMemHostAlloc", "cuMemFreeHost", "cuEventCreate", "cuEventDestroy"):
+    counting(name)
+counting("cuStreamCreateWithPriority", fail_at)
+
+import aiogpu.cuda.streams                      # (binds nothing: lanes call cu.* by name)
+# Each device makes 12 streams: fail the second device's fifth, then the first device's last.
+for at in (12 + 5, 12):
+    counts.clear()
+    fail_at[0] = at
+    threads = threading.active_count()
+    try:
+        aiogpu.Runtime("cuda")
+        print("constructed?!")
+    except aiogpu.GPUError as exc:
+        print("raised", type(exc).__name__)
+    made = counts["cuStreamCreateWithPriority"] - 1          # (the failed one made none)
+    print(at, "streams", made == counts["cuStreamDestroy"],
+          "contexts", counts["cuDevicePrimaryCtxRetain"] == counts["cuDevicePrimaryCtxRelease"],
+          "words", counts["cuMemHostAlloc"] == counts["cuMemFreeHost"],
+          "threads", threading.active_count() == threads)
+fail_at[0] = 0
+rt = aiogpu.Runtime("cuda")
+print("then", len(rt.devices))
+rt.close()
+"""
+
+
+def test_a_failed_construction_releases_the_devices_it_made():
+    """A CUDA runtime whose construction fails (a stream of its second device, then the last
+    stream of its first, cannot be created) releases every stream, completion-word page and
+    primary context it made, and leaves no waiter thread; the next runtime works."""
+    out = run(FAILED_CONSTRUCTION)
+    for at in (17, 12):
+        assert f"{at} streams True contexts True words True threads True" in out, out
+    assert "constructed?!" not in out and "then 2" in out, out

@@ -66,9 +66,10 @@ class CudaRuntime(Runtime):
         self.event_waits = event_waits or not completion_words
         self._init_core(CudaHub(spin_s=spin_s, watchdog_s=watchdog_s), copy_engines=copy_engines)
         self.reason = f"CUDA: {why}"
-        try:                       # a failed construction leaves no waiter thread behind
+        try:                       # a failed construction leaves nothing behind (see _undo)
             count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-            self.devices = [CudaDevice(self, i, compute_streams=queues_per_device) for i in range(count)]
+            for i in range(count):
+                self.devices.append(CudaDevice(self, i, compute_streams=queues_per_device))
             self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
             lane = self.devices[0].compute[0]
             self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
@@ -78,8 +79,26 @@ class CudaRuntime(Runtime):
             self.host = hostmem.HostMemory(self)
             self._enable_peers()
         except BaseException:
-            self.hub.close()
+            self._undo()
             raise
+
+    def _undo(self) -> None:
+        """Release what a failed construction made: the devices made so far (their streams,
+        events, completion words, primary contexts), pinned and registered host memory, the
+        waiter thread.
+        No work was submitted."""
+        if self.devices:
+            self.pinned.close()
+        for dev in self.devices:
+            dev._destroy()
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.close()
+        self.hub.close()
+        for dev in self.devices:
+            dev.release_context()
+        self.devices = []
+        D.forget_current()
 
     def _enable_peers(self) -> None:
         for a in self.devices:
