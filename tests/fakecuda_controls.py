@@ -5,7 +5,9 @@ The fake runs every operation at once; these controls make the cases a real GPU 
 - ``hold(stream)``: the stream's completion-word writes wait until ``release(stream)``, and
   queries of it say NOT_READY meanwhile (work that is still running on the device);
 - ``log``: the driver calls named in ``LOGGED``, with their arguments, in call order;
-- ``fail_queries(code)``: stream and event queries return ``code`` (a sticky error);
+- ``honour_waits()``: completion-word writes wait behind the stream's ``cuStreamWaitValue64``
+  until the word waited on reaches its value (a thread plays the device);
+- ``fail_queries(code, streams)``: stream (and event) queries return ``code`` (a sticky error);
 - ``ForeignArray``: device memory of the fake with a ``__cuda_array_interface__`` (v3, with a
   stream), as a torch tensor or a CuPy array presents itself.
 """
@@ -14,13 +16,14 @@ from __future__ import annotations
 import ctypes
 import enum
 import threading
+from collections import deque
 
 from cuda.bindings import driver as cu
 
-LOGGED = ("cuEventRecord", "cuStreamWaitEvent", "cuStreamWaitValue64", "cuLaunchKernel", "cuMemcpyAsync")
+LOGGED = ("cuEventRecord", "cuStreamWaitEvent", "cuLaunchKernel", "cuMemcpyAsync")   # (and the waits)
 log: list[tuple] = []
-_lock = threading.Lock()
-_held: dict[int, list] = {}
+_lock = threading.RLock()
+_held: set[int] = set()
 _query_code = [0]
 
 
@@ -45,40 +48,87 @@ for _name in LOGGED:
     setattr(cu, _name, _logging(_name))
 
 _real_write = cu.cuStreamWriteValue64
+_real_wait = cu.cuStreamWaitValue64
+# Per stream, what waits in it: ("wait", dptr, value) and ("write", dptr, value), in order.
+_queues: dict[int, deque] = {}
+_honour_waits = [False]
+
+
+def _word(dptr) -> int:
+    return ctypes.c_uint64.from_address(int(dptr)).value
 
 
 def _write(stream, dptr, value, flags):
     with _lock:
-        held = _held.get(int(stream))
-        if held is not None:
-            held.append((dptr, value))
+        s = int(stream)
+        if s in _held or _queues.get(s):
+            _queues.setdefault(s, deque()).append(("write", dptr, value))
             return (cu.CUresult.CUDA_SUCCESS,)
     return _real_write(stream, dptr, value, flags)
 
 
+def _wait(stream, dptr, value, flags):
+    log.append(("cuStreamWaitValue64", int(stream), int(dptr), value))
+    with _lock:
+        s = int(stream)
+        if _honour_waits[0] and (_queues.get(s) or _word(dptr) < value):
+            _queues.setdefault(s, deque()).append(("wait", dptr, value))
+    return _real_wait(stream, dptr, value, flags)
+
+
 cu.cuStreamWriteValue64 = _write
+cu.cuStreamWaitValue64 = _wait
+
+
+def pump() -> None:
+    """Run what waits in each stream not held, as far as its waits allow (the device)."""
+    with _lock:
+        for s, q in _queues.items():
+            if s in _held:
+                continue
+            while q:
+                kind, dptr, value = q[0]
+                if kind == "wait":
+                    if _word(dptr) < value:
+                        break
+                else:
+                    _real_write(cu.CUstream(s), dptr, value, 0)
+                q.popleft()
+
+
+def honour_waits() -> None:
+    """From now on a stream's completion-word writes wait behind its ``cuStreamWaitValue64``
+    until the word waited on reaches the value (a thread plays the device, every 1 ms)."""
+    _honour_waits[0] = True
+
+    def device():
+        while True:
+            pump()
+            threading.Event().wait(0.001)
+
+    threading.Thread(target=device, daemon=True).start()
 
 
 def hold(stream) -> None:
     """Completion words written on ``stream`` (a CUstream or a Lane's handle) wait from now on."""
     with _lock:
-        _held.setdefault(int(stream), [])
+        _held.add(int(stream))
 
 
 def release(stream) -> None:
-    """Write what ``stream`` held back, in order, and stop holding it."""
+    """Write what ``stream`` held back, in order (as its waits allow), and stop holding it."""
     with _lock:
-        writes = _held.pop(int(stream), [])
-    for dptr, value in writes:
-        _real_write(stream, dptr, value, 0)
+        _held.discard(int(stream))
+    pump()
 
 
 def _query(real, stream: bool):
     def call(handle):
-        code = _query_code[0]
+        h = int(handle)
+        code = _failing.get(h, _query_code[0]) if stream else _query_code[0]
         if code:
             return (cu.CUresult(code),)
-        if stream and int(handle) in _held:       # (its work is still running)
+        if stream and (h in _held or _queues.get(h)):     # (its work is still running)
             return (cu.CUresult.CUDA_ERROR_NOT_READY,)
         return real(handle)
     return call
@@ -86,11 +136,17 @@ def _query(real, stream: bool):
 
 cu.cuStreamQuery = _query(cu.cuStreamQuery, True)
 cu.cuEventQuery = _query(cu.cuEventQuery, False)
+_failing: dict[int, int] = {}
 
 
-def fail_queries(code: int) -> None:
-    """Stream and event queries return ``code`` from now on (0: success again)."""
-    _query_code[0] = code
+def fail_queries(code: int, streams=None) -> None:
+    """Queries return ``code`` from now on (0: success again): of ``streams`` only (stream
+    handles; a sticky error of their device), else of every stream and event."""
+    if streams is None:
+        _query_code[0] = code
+    else:
+        for s in streams:
+            _failing[int(s)] = code
 
 
 # The fake knows no device ordinal attribute: memory from its cuMemAlloc is device 0's.

@@ -148,3 +148,55 @@ def test_a_failed_construction_releases_the_devices_it_made():
     for at in (17, 12):
         assert f"{at} streams True contexts True words True threads True" in out, out
     assert "constructed?!" not in out and "then 2" in out, out
+
+
+STICKY_ACROSS_DEVICES = r"""
+import threading
+from cuda.bindings import driver as cu
+import aiogpu
+
+cu.cuDeviceGetCount = lambda: (cu.CUresult.CUDA_SUCCESS, 2)
+fc.honour_waits()
+
+@aiogpu.kernel("f32*, u32", cuda='extern "C" __global__ void bump(float* y, unsigned n) {}')
+def bump(launch, y, n):
+    y[:n] += 1
+
+rt = aiogpu.Runtime("cuda")
+d0, d1 = rt.devices
+for d in (d0, d1):
+    assert d.load(bump).wait(10)
+for lane in d0.lanes:
+    fc.hold(lane.stream)                  # gpu0's work is still running ...
+a, b = d0.alloc(64), d1.alloc(64)
+k0 = d0.launch(bump, (16,), (16,), (a, 16))
+dep = d1.launch(bump, (16,), (16,), (b, 16), after=[k0])     # waits on gpu0's word, on gpu1
+fc.fail_queries(700, [lane.stream for lane in d0.lanes])      # ... and hits a sticky error
+print("k0", k0.wait(10), type(k0.exception()).__name__)
+print("dep", dep.wait(10), type(dep.exception()).__name__)
+for _ in range(1000):
+    if dep.retired:
+        break
+    threading.Event().wait(0.01)
+print("dep retired", dep.retired)
+cs = [d1.alloc(64) for _ in d1.compute]
+later = [d1.launch(bump, (16,), (16,), (c, 16)) for c in cs]   # one on each gpu1 stream
+print("gpu1 goes on", all(f.wait(10) for f in later), {type(f.exception()).__name__ if f.done() else "pending" for f in later})
+for buf in (a, b, *cs):
+    buf.free()
+print("leaks", rt.leaks(5))
+rt.close()
+print("closed")
+"""
+
+
+def test_work_on_another_gpu_after_a_sticky_error_settles_and_its_stream_goes_on():
+    """gpu0 hits a sticky error while gpu1 has work waiting (on the device) for gpu0's: that
+    work fails as a dependent, and gpu0's completion word is completed on the host for the
+    failed work, so gpu1's stream goes on: the dependent retires, later work on every gpu1
+    stream completes, nothing leaks and close returns."""
+    out = run(STICKY_ACROSS_DEVICES)
+    assert "k0 True GPUError" in out and "dep True GPUError" in out, out
+    assert "dep retired True" in out, out
+    assert "gpu1 goes on True {'NoneType'}" in out, out
+    assert "leaks {}" in out and "closed" in out, out

@@ -165,6 +165,18 @@ class CudaHub(FutureHub):
     def wake(self) -> None:
         self.sem.post()
 
+    def force_complete(self, key: int) -> None:
+        """A failed future whose work can no longer run (its device hit a sticky error):
+        raise its lane's completion word to its ticket, from the host, so that work on other
+        devices waiting for it there (``cuStreamWaitValue64``) goes on, as the HSA hub stores
+        0 into the signal of such work. The word only grows, and nothing on a dead context
+        writes it any more. Lanes without a word (events) cannot be completed from the host:
+        a wait on such an event is left to the driver."""
+        fut = self._pending.get(key)
+        lane = getattr(fut, "lane", None)
+        if lane is not None and lane.word is not None and lane.word.value < fut.ticket:
+            lane.word.value = fut.ticket
+
     def is_complete(self, key: int) -> bool:
         fut = self._pending.get(key)
         if fut is None or fut.lane is None:
