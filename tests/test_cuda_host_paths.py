@@ -200,3 +200,54 @@ def test_work_on_another_gpu_after_a_sticky_error_settles_and_its_stream_goes_on
     assert "dep retired True" in out, out
     assert "gpu1 goes on True {'NoneType'}" in out, out
     assert "leaks {}" in out and "closed" in out, out
+
+
+BOUNCED_THEN_UPLOADED = r"""
+import numpy as np
+import aiogpu
+
+rt = aiogpu.Runtime("cuda")
+d0 = rt.devices[0]
+F = 1024                                   # floats per page
+root = np.zeros(24 << 20, np.float32)      # > 64 MiB: a view registers only its own pages
+# A pending download into w holds a registration of page 0 ...
+w, v = root[0:F // 2], root[F // 2:2 * F]
+fc.hold(d0.d2h.stream)                     # (downloads still running)
+src_w, src_v = d0.alloc(w.nbytes), d0.alloc(v.nbytes)
+assert aiogpu.copy(src_w, np.full(w.size, 5, np.float32)).wait(10)
+assert aiogpu.copy(src_v, np.arange(v.size, dtype=np.float32) + 100).wait(10)
+down_w = aiogpu.copy(w, src_w)
+# ... so the download into v, whose pages 0-1 that registration does not cover, bounces.
+bounced = rt.host.bounced
+down_v = aiogpu.copy(v, src_v)
+print("bounced", rt.host.bounced == bounced + 1, down_v.staging is not None)
+# Uploads of host bytes the bounced download writes, before it has landed:
+cases = {"inside at an offset": root[F:F + 256], "part of it and more": root[F // 4:3 * F]}
+ups = {}
+for name, u in cases.items():
+    dst = d0.alloc(u.nbytes)
+    ups[name] = (aiogpu.copy(dst, u), dst, u)
+fc.release(d0.d2h.stream)
+assert down_w.wait(10) and down_v.wait(10)
+for name, (up, dst, u) in ups.items():
+    assert up.wait(10), name
+    got = dst.to_numpy(np.float32)
+    assert got.wait(10)
+    print(name, "matches", bool((got.result() == u).all()))
+for buf in (src_w, src_v, *[dst for _, dst, _ in ups.values()]):
+    buf.free()
+print("leaks", rt.leaks(5))
+rt.close()
+"""
+
+
+def test_an_upload_reads_what_a_pending_bounced_download_writes():
+    """A download into part of a host array bounces (its pages are held by a busy
+    registration that does not cover it) and is still running; uploads of host bytes it
+    writes, submitted before it landed, upload what it wrote: whether the upload lies inside
+    the download's bytes at an offset, or covers part of them and more."""
+    out = run(BOUNCED_THEN_UPLOADED)
+    assert "bounced True True" in out, out
+    assert "inside at an offset matches True" in out, out
+    assert "part of it and more matches True" in out, out
+    assert "leaks {}" in out, out
