@@ -241,6 +241,38 @@ rt.close()
 """
 
 
+SHADER_UPLOAD_PATCHED = r"""
+import numpy as np
+import aiogpu
+
+rt = aiogpu.Runtime("cuda", copy_engines=False)      # copies are shader copies
+d0 = rt.devices[0]
+F = 1024
+root = np.zeros(24 << 20, np.float32)
+w, v = root[0:F // 2], root[F // 2:2 * F]
+for lane in d0.lanes:
+    fc.hold(lane.stream)
+src_w, src_v = d0.alloc(w.nbytes), d0.alloc(v.nbytes)
+down_w, down_v = aiogpu.copy(w, src_w), aiogpu.copy(v, src_v)
+print("bounced", down_v.staging is not None)
+u = root[F // 4:3 * F]
+dst = d0.alloc(u.nbytes)
+start = len(fc.log)
+up = aiogpu.copy(dst, u)
+calls = [c[0] for c in fc.log[start:]]
+patch = [c for c in fc.log[start:] if c[0] == "cuMemcpyAsync" and dst.address <= c[1] < dst.address + dst.nbytes]
+print("patched after the shader copy", bool(patch) and calls.index("cuLaunchKernel") < calls.index("cuMemcpyAsync"),
+      [(c[1] - dst.address, c[3]) for c in patch])
+for lane in d0.lanes:
+    fc.release(lane.stream)
+print("done", all(f.wait(10) for f in (down_w, down_v, up)))
+for buf in (src_w, src_v, dst):
+    buf.free()
+print("leaks", rt.leaks(5))
+rt.close()
+"""
+
+
 def test_an_upload_reads_what_a_pending_bounced_download_writes():
     """A download into part of a host array bounces (its pages are held by a busy
     registration that does not cover it) and is still running; uploads of host bytes it
@@ -251,3 +283,14 @@ def test_an_upload_reads_what_a_pending_bounced_download_writes():
     assert "inside at an offset matches True" in out, out
     assert "part of it and more matches True" in out, out
     assert "leaks {}" in out, out
+
+
+def test_a_shader_upload_is_patched_with_what_a_pending_bounced_download_writes():
+    """The same with shader copies (``copy_engines=False``): the bytes of the pending bounced
+    download are copied over the upload's destination after the copy kernel, on its stream
+    (the fake runs no kernel, so the calls are checked, not the bytes)."""
+    out = run(SHADER_UPLOAD_PATCHED)
+    assert "bounced True" in out, out
+    # v's bytes [2048, 8192) of the host array, from offset 1024 of u's: 6144 bytes
+    assert "patched after the shader copy True [(1024, 6144)]" in out, out
+    assert "done True" in out and "leaks {}" in out, out
