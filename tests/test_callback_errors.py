@@ -114,3 +114,33 @@ def test_a_raising_callback_on_the_cuda_waiter_is_reported_and_stops_nothing():
         assert f"{kind} later True True" in out, out + proc.stderr[-2000:]
     assert "reported ['CancelledError', 'GeneratorExit', 'KeyboardInterrupt', 'SystemExit']" in out, out
     assert "leaks {}" in out, out
+
+
+def test_a_keyboard_interrupt_from_a_callback_run_on_the_main_thread_propagates_after_the_rest(rt, caplog):
+    """A callback without a loop that the main thread runs (its done() observed the completion
+    first, the waiter being busy) and that raises KeyboardInterrupt: the other callbacks run,
+    then the interrupt propagates from done() (it may be a real Ctrl-C: never swallowed)."""
+    d0 = rt.devices[0]
+    busy, go = threading.Event(), threading.Event()
+    rt.hub.post_event(lambda: (busy.set(), go.wait(30)))
+    assert busy.wait(10)
+    ran: list = []
+    try:
+        fut = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(1,))
+
+        def interrupted(f):
+            ran.append("interrupted")
+            raise KeyboardInterrupt
+
+        fut.add_done_callback(interrupted)
+        fut.add_done_callback(lambda f: ran.append("after"))
+        for _ in range(1000):
+            if rt.hub.is_complete(fut.signal):
+                break
+            threading.Event().wait(0.01)
+        with caplog.at_level(logging.ERROR, logger="aiogpu"), pytest.raises(KeyboardInterrupt):
+            fut.done()
+        assert ran == ["interrupted", "after"] and fut.done()
+    finally:
+        go.set()
+    assert d0.launch(sleep_ms, grid=(1,), block=(1,), args=(1,)).wait(10)
