@@ -16,7 +16,8 @@ it finished (about 500 signals at 100k operations/s, inside the 1,024 interrupt 
 costs at most 200 short scans a second, against one wake-up per completion when every signal
 was in the wait: an interrupt, a syscall, a scan of all pending work under the GIL, and on ROCr
 the next wait's first 200 us, which ``Signal::WaitAny`` spends polling before it sleeps. With
-everything pending in the wait, the timeout is ``LOST_WAKEUP_GUARD_S``.
+everything pending in the wait, the timeout is ``LOST_WAKEUP_GUARD_S``. ``done()`` does not wait
+for the scan: it reads the signal itself (``CompletionHub.observe``).
 
 It is level-triggered: after any wake-up it rescans every pending signal, waited for or not,
 then acquire-loads each that reads complete before resolving it. So a future armed just as it

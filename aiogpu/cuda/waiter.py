@@ -165,6 +165,10 @@ class CudaHub(FutureHub):
     def wake(self) -> None:
         self.sem.post()
 
+    def observe(self, fut: GPUFuture) -> None:
+        """Nothing: a CUDA future's ``done()`` reads its lane's completion word itself
+        (``CudaFuture.done``); host-settled futures have no completion to read."""
+
     def force_complete(self, key: int) -> None:
         """A failed future whose work can no longer run (its device hit a sticky error):
         raise its lane's completion word to its ticket, from the host, so that work on other
