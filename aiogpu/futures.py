@@ -188,7 +188,8 @@ class GPUFuture(_FutureProtocol):
         thread-safe. What one raises there (BaseException included) is reported through the
         ``aiogpu`` logger and stops nothing else: the waiter runs on and later callbacks and
         futures complete; only a KeyboardInterrupt or SystemExit raised on the main thread
-        propagates there, once the callbacks settled with it have run."""
+        (outside the runtime's lock) propagates there, once the callbacks settled with it
+        have run."""
         if context is not None:
             fn = _InContext(fn, context)
         port = _loops.current_port()
@@ -656,18 +657,17 @@ class FutureHub:
             self._thread.join(timeout=5)
         with self.lock:               # (its outermost section runs the backlog)
             pass
-        interrupt = None
-        while self._events:           # (what was left for the waiter)
-            interrupt = self._run_event(self._events.popleft()) or interrupt
-        if interrupt is not None:
-            raise interrupt
+        while self._events:           # (what was left for the waiter; what they raise is only
+            self._run_event(self._events.popleft())   # reported: closing must finish)
 
     def _run_event(self, fn: Callable[[], None], callback: Any = None) -> BaseException | None:
         """Run ``fn`` (an event for the waiter, or ``callback.run``: a done-callback without a
         loop, a ``_loops.Callback``), reporting whatever it raises, BaseException included,
-        through the ``aiogpu`` logger: it never kills the waiter nor stops what comes after it. Returns a KeyboardInterrupt or
-        SystemExit it raised on the main thread, for the caller to raise once the rest of its
-        batch has run (it may be a real Ctrl-C: it must not be lost); None otherwise."""
+        through the ``aiogpu`` logger: it never kills the waiter nor stops what comes after
+        it. Returns a KeyboardInterrupt or SystemExit it raised on the main thread outside a
+        section of ``lock``, for the caller to raise once the rest of its batch has run (it
+        may be a real Ctrl-C: it must not be lost); None otherwise (inside a section, raising
+        would leave its work half done)."""
         try:
             fn()
         except BaseException as exc:  # noqa: BLE001 - see the docstring
@@ -676,7 +676,7 @@ class FutureHub:
             else:
                 log.error("GPUFuture done-callback %r of %r raised", callback.fn, callback.arg, exc_info=exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) \
-                    and threading.current_thread() is threading.main_thread():
+                    and threading.current_thread() is threading.main_thread() and not self.lock.raw._is_owned():
                 return exc
         return None
 
@@ -923,7 +923,8 @@ class FutureHub:
         """Wake the awaiters in ``posts``: one call per loop; those without a loop (threads'
         callbacks) run on this thread, or with ``here`` False on the waiter thread. What such
         a callback raises is reported (``_run_event``); a KeyboardInterrupt or SystemExit on
-        the main thread is raised here once every loop has its batch and every callback ran."""
+        the main thread, outside a section of ``lock``, is raised here once every loop has its
+        batch and every callback ran."""
         interrupt = None
         for port, awaiters in posts.items():
             if port is None:
