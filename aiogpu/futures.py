@@ -508,7 +508,7 @@ class FutureHub:
         ``done()`` there in the middle of a submission (a join whose members are not set yet
         must not settle), and loop-less callbacks never run inside a holder's section."""
         key = fut.signal
-        if key and not self.lock.raw._is_owned() and self.is_complete(key):
+        if key and not self.lock.raw._is_owned() and self.is_complete(key):  # type: ignore[attr-defined]
             self._settle([(key, fut)])
 
     def _wake_for(self, fut: GPUFuture) -> None:
@@ -676,9 +676,14 @@ class FutureHub:
             else:
                 log.error("GPUFuture done-callback %r of %r raised", callback.fn, callback.arg, exc_info=exc)
             if isinstance(exc, (KeyboardInterrupt, SystemExit)) \
-                    and threading.current_thread() is threading.main_thread() and not self.lock.raw._is_owned():
+                    and threading.current_thread() is threading.main_thread() \
+                    and not self.lock.raw._is_owned():  # type: ignore[attr-defined]
                 return exc
         return None
+
+    def _run_callback_later(self, callback: Any) -> None:
+        """A loop-less done-callback handed to the waiter (``_post``): run it, reported."""
+        self._run_event(callback.run, callback)
 
     def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
         """Settle futures whose completion objects read complete (any thread; never waits for
@@ -932,7 +937,7 @@ class FutureHub:
                     if here:
                         interrupt = self._run_event(a.run, a) or interrupt
                     else:
-                        self.post_event(functools.partial(self._run_event, a.run, a))
+                        self.post_event(functools.partial(self._run_callback_later, a))
             else:
                 port.post(awaiters)
         if interrupt is not None:

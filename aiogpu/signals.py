@@ -190,7 +190,8 @@ class CompletionHub(FutureHub):
         belongs to another future: ``_settle`` then ignores it."""
         key = fut.signal
         view = self.pool.views.get(key)
-        if view is not None and view.value < 1 and not self.lock.raw._is_owned() and self.is_complete(key):
+        owned = self.lock.raw._is_owned  # type: ignore[attr-defined]
+        if view is not None and view.value < 1 and not owned() and self.is_complete(key):
             self._settle([(key, fut)])
 
     def close(self) -> None:

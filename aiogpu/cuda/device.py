@@ -77,7 +77,7 @@ class CudaDevice(Device):
         self.ctx = _retain_primary(self.cudev)
         self.ctx_handle = int(self.ctx)
         self.lanes: list[Lane] = []
-        self.events: EventPool | None = None
+        self.events = EventPool(self)     # (creates nothing until used)
         self.words: CompletionWords | None = None
         try:
             self._create(runtime, index, compute_streams)
@@ -94,7 +94,6 @@ class CudaDevice(Device):
         self.max_grid = tuple(D.attribute(self.cudev, f"CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_{a}") for a in "XYZ")
         self.host_pointer_ok = bool(D.attribute(
             self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"))
-        self.events = EventPool(self)
         self.memops = bool(D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS"))
         self.words = CompletionWords(self) if self.memops and runtime.completion_words else None
         lanes = self.lanes               # (filled as they are made: see _release_partial)
@@ -203,7 +202,7 @@ class CudaDevice(Device):
         params = loaded.pack(values) if loaded.offsets else 0
         func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
         hot = D.HOT
-        rt = self.runtime
+        rt: Any = self.runtime          # (a CudaRuntime)
         fused = False
         if type(hot) is D._CHot:
             claunch, fh, sh, wordp = hot.launch, loaded.handle, lane.sh, lane.wordp
@@ -277,8 +276,7 @@ class CudaDevice(Device):
         hold on the primary context (no work was submitted)."""
         for lane in self.lanes:
             lane.destroy()
-        if self.events is not None:
-            self.events.destroy()
+        self.events.destroy()
         if self.words is not None:
             self.words.destroy()
         cu.cuDevicePrimaryCtxRelease(self.cudev)

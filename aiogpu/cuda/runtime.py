@@ -88,15 +88,16 @@ class CudaRuntime(Runtime):
         events, completion words, primary contexts), pinned and registered host memory, the
         waiter thread.
         No work was submitted."""
-        if self.devices:
+        devices: list[Any] = self.devices
+        if devices:
             self.pinned.close()
-        for dev in self.devices:
+        for dev in devices:
             dev._destroy()
         host = getattr(self, "host", None)
         if host is not None:
             host.close()
         self.hub.close()
-        for dev in self.devices:
+        for dev in devices:
             dev.release_context()
         self.devices = []
         D.forget_current()

@@ -176,7 +176,7 @@ class CudaHub(FutureHub):
         0 into the signal of such work. The word only grows, and nothing on a dead context
         writes it any more. Lanes without a word (events) cannot be completed from the host:
         a wait on such an event is left to the driver."""
-        fut = self._pending.get(key)
+        fut: Any = self._pending.get(key)
         lane = getattr(fut, "lane", None)
         if lane is not None and lane.word is not None and lane.word.value < fut.ticket:
             lane.word.value = fut.ticket
