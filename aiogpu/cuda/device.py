@@ -227,13 +227,13 @@ class CudaDevice(Device):
                 enqueue = rt.with_foreign_waits(self, waits, enqueue)
             return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup, fused=fused)
         from .interop import copy_streams
-        patches = rt.take_patches(copy)
+        patches = rt._take_patches(copy)
         if patches:       # (bytes of pending bounced downloads: after the shader copy, on its stream)
             if fused:
                 def enqueue(stream: Any) -> int:
                     return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params)
                 fused = False
-            enqueue = rt.with_patches(copy, enqueue, patches)
+            enqueue = rt._with_patches(copy, enqueue, patches)
         return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy_streams(copy), enqueue), reads,
                          writes, keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging,
                          fused=fused)

@@ -86,8 +86,7 @@ class CudaRuntime(Runtime):
     def _undo(self) -> None:
         """Release what a failed construction made: the devices made so far (their streams,
         events, completion words, primary contexts), pinned and registered host memory, the
-        waiter thread.
-        No work was submitted."""
+        waiter thread. No work was submitted."""
         devices: list[Any] = self.devices
         if devices:
             self.pinned.close()
@@ -253,10 +252,10 @@ class CudaRuntime(Runtime):
         lane = self._copy_lane(device, op.direction, deps)
         hot, fused = D.HOT, False
         mapped = self._shader_can_copy(op)
-        patched = self._patches        # (inline take_patches: this runs per copy)
+        patched = self._patches        # (_take_patches inlined: this runs per copy)
         if patched is not None and patched[0] is op:
             self._patches = None
-            copy = self.with_patches(op, lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream), patched[1])
+            copy = self._with_patches(op, lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream), patched[1])
         elif mapped and type(hot) is D._CHot and lane.wordp and not self.event_waits:
             cmemcpy, sh, wordp, fused = hot.memcpy, lane.sh, lane.wordp, True     # copy + word write: one C call
             copy = lambda stream: cmemcpy(dptr, sptr, nbytes, sh, wordp, lane.ticket + 1)  # noqa: E731
@@ -290,7 +289,7 @@ class CudaRuntime(Runtime):
                     return lane
         return {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[direction]
 
-    def take_patches(self, op: CopyOp) -> list | None:
+    def _take_patches(self, op: CopyOp) -> list | None:
         """The patches ``_host_pointers`` made for ``op`` (under the lock, between the two)."""
         got = self._patches
         if got is None or got[0] is not op:
@@ -299,7 +298,7 @@ class CudaRuntime(Runtime):
         return got[1]
 
     @staticmethod
-    def with_patches(op: CopyOp, enqueue: Any, patches: list) -> Any:
+    def _with_patches(op: CopyOp, enqueue: Any, patches: list) -> Any:
         """After the upload ``enqueue`` queues, copy each patch, (offset, source pointer,
         bytes), into the destination at its offset, in order, on the same stream (so after the
         waits of the upload: the bounced downloads whose blocks they read have completed)."""
@@ -336,8 +335,8 @@ class CudaRuntime(Runtime):
         return run
 
     def _host_source(self, arr: np.ndarray, state: Any, nbytes: int, cleanup: list) -> tuple[int, list]:
-        """(a device-readable pointer holding ``arr``'s bytes for a host-to-device copy,
-        patches) for a host-to-device copy.
+        """(a device-readable pointer holding ``arr``'s bytes, patches) for a host-to-device
+        copy of ``arr``.
 
         A bounced device-to-host copy into bytes of ``arr`` that has not landed on the host
         yet holds their newest value in its bounce block, on the device side: the upload reads
@@ -345,7 +344,7 @@ class CudaRuntime(Runtime):
         into its block, at ``arr``'s offset; else the pointer is ``arr`` itself (registered, or
         a bounce block copied from it now) and each such copy's bytes are *patches*: (offset
         in the destination, pointer into its block, bytes), copied over the upload's
-        destination after it, oldest download first (``with_patches``). (Bounces happen only
+        destination after it, oldest download first (``_with_patches``). (Bounces happen only
         for arrays whose pages are held by a busy registration that does not cover them.)"""
         addr = arr.__array_interface__["data"][0]
         bounced = [w for w in state.writers()
