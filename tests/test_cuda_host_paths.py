@@ -245,8 +245,11 @@ SHADER_UPLOAD_PATCHED = r"""
 import numpy as np
 import aiogpu
 
+from aiogpu.kernels import copy_kernel
+
 rt = aiogpu.Runtime("cuda", copy_engines=False)      # copies are shader copies
 d0 = rt.devices[0]
+assert d0.load(copy_kernel).wait(10)                 # (compiled: no copy waits for it)
 F = 1024
 root = np.zeros(24 << 20, np.float32)
 w, v = root[0:F // 2], root[F // 2:2 * F]
