@@ -442,9 +442,11 @@ class Device:
                 if compiling is not None and compiling._exc is not None:
                     raise compiling._exc            # it did not compile: bad input, as before
                 if compiling is not None and not compiling.done():
+                    # (``keep`` and ``waits`` travel with it: the foreign arrays stay alive while
+                    # it waits, and it is ordered after their streams when submitted.)
                     return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
-                        self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes),
-                        compile=compiling)
+                        self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes,
+                        keep=keep, waits=waits), compile=compiling)
                 loaded = self.loaded(kernel)
             if not (reads or writes or after) and self.broken is None:
                 # Nothing to order after on a working device: submit_guarded's fast path, without
