@@ -91,6 +91,13 @@ class VirtualKfd:
     def gpus(self) -> int:
         return self.kfd.vkfd_gpus()
 
+    @property
+    def generation(self) -> int:
+        """Which opening of the KFD by ROCr this is: each one is a fresh process to the virtual
+        KFD (a device evicted by a memory fault is back), where real KFD keeps a process
+        evicted until it exits."""
+        return self.kfd.vkfd_generation()
+
     def set_eager(self, eager: bool) -> None:
         self.kfd.vkfd_set_eager(int(eager))
 

@@ -57,6 +57,7 @@ static int g_gpus = 1;
 static int g_sdma_limit[MAX_NODES];    /* SDMA queues granted per GPU before refusal */
 static atomic_int g_eager;
 static int g_open;                     /* hsaKmtOpenKFD count */
+static atomic_int g_generation;        /* how often the KFD was opened from closed */
 static pthread_mutex_t g_cfg_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define IS_GPU(n) ((n) >= 1 && (n) <= (HSAuint32)g_gpus)
@@ -1199,6 +1200,7 @@ EXPORT HSAKMT_STATUS hsaKmtAllocQueueGWS(HSA_QUEUEID id, HSAuint32 n, HSAuint32 
 EXPORT HSAKMT_STATUS hsaKmtOpenKFD(void) {
   pthread_mutex_lock(&g_cfg_lock);
   if (g_open++ == 0) {
+    atomic_fetch_add(&g_generation, 1);
     for (int n = 1; n <= g_gpus; n++) {
       vdev_t *d = &g_dev[n];
       pthread_mutex_init(&d->lock, NULL);
@@ -1258,6 +1260,8 @@ EXPORT int vkfd_configure(int gpus, int sdma_queues, int eager) {
   return 0;
 }
 EXPORT int vkfd_gpus(void) { return g_gpus; }
+/* Which opening of the KFD this is: each is a fresh process to the virtual KFD (evictions end). */
+EXPORT int vkfd_generation(void) { return atomic_load(&g_generation); }
 EXPORT int vkfd_is_open(void) { return g_open; }
 EXPORT int vkfd_sdma_limit(int gpu) { return gpu >= 0 && gpu < g_gpus ? g_sdma_limit[gpu + 1] : -1; }
 EXPORT void vkfd_set_eager(int eager) { atomic_store(&g_eager, eager != 0); }
