@@ -23,21 +23,6 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "hsa_virtual: runs on the real ROCr over the virtual KFD (aiogpu.vkfd)")
 
 
-# Defects the real ROCr shows that are fixed elsewhere: strict, so the fix turns them into a
-# failure that says to remove the entry.
-HSA_VIRTUAL_KNOWN = {
-    "test_independent_work_on_other_lanes_is_not_held_back[hsa-virtual]":
-        "on ROCr 5.2.3 every copy is aiogpu's shader copy, which takes a compute lane in turn with "
-        "kernels (FIRST-CONTACT 2 and 4: copies through hsa_amd_memory_async_copy fix it)",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        why = HSA_VIRTUAL_KNOWN.get(item.name)
-        if why:
-            item.add_marker(pytest.mark.xfail(reason=why, strict=True))
-
 
 @pytest.fixture
 def make_runtime():

@@ -131,6 +131,42 @@ async def test_kernels_run_through_their_bodies(make_virtual):
     assert counters(rt, 1)["aql_dispatch"] >= before + 2
 
 
+async def _copies_by_gpu(rt, key: str) -> list[list[int]]:
+    """H2D to gpu1, peer gpu1 -> gpu0, D2H from gpu0: per step, how much ``key`` grew per GPU."""
+    d0, d1 = rt.devices
+    src = np.arange(1 << 18, dtype=np.uint32)
+    b0, b1 = d0.alloc(src.nbytes), d1.alloc(src.nbytes)
+    steps = []
+
+    async def step(coro):
+        before = [counters(rt, g)[key] for g in (0, 1)]
+        out = await coro
+        steps.append([counters(rt, g)[key] - b for g, b in zip((0, 1), before)])
+        return out
+
+    await step(aiogpu.copy(b1, src))
+    await step(aiogpu.copy(b0, b1))
+    back = await step(b0.to_numpy(np.uint32))
+    np.testing.assert_array_equal(back, src)
+    return steps
+
+
+@pytest.mark.asyncio
+async def test_copies_run_on_the_sdma_engine_of_the_gpu_rocr_picks(make_virtual):
+    """Runtime::CopyMemory on 5.2.3: host-to-device on the destination's engine, peer and
+    device-to-host on the source's."""
+    steps = await _copies_by_gpu(make_virtual(), "sdma_copy_linear")
+    assert [[n > 0 for n in s] for s in steps] == [[False, True], [False, True], [True, False]]
+
+
+@pytest.mark.asyncio
+async def test_without_sdma_queues_the_same_copies_run_as_rocrs_blit_kernels_and_are_right(make_virtual):
+    rt = make_virtual(sdma_queues=0)
+    steps = await _copies_by_gpu(rt, "blit_copy")
+    assert [[n > 0 for n in s] for s in steps] == [[False, True], [False, True], [True, False]]
+    assert all(counters(rt, g)["sdma_copy_linear"] == 0 for g in (0, 1))
+
+
 # -- faults as KFD reports them --------------------------------------------------------------------
 @pytest.mark.asyncio
 async def test_an_injected_queue_error_fails_the_dispatch_with_rocrs_exception_status(make_virtual):
@@ -149,9 +185,16 @@ async def test_a_memory_fault_as_kfd_reports_it_names_the_device_and_the_address
     d0, buf = rt.devices[0], rt.devices[0].alloc(64)
     await d0.launch(scale, grid=(16,), block=(16,), args=(buf, 2.0, 16))
     rt.api.vkfd.inject(0, vkfd.INJECT_MEMORY_FAULT_NEXT, 0)
-    with pytest.raises(aiogpu.GPUError, match="gpu0: the driver evicted the device's queues after a GPU memory fault"):
+    with pytest.raises(aiogpu.GPUError, match="gpu0 was lost to a GPU memory fault"):
         await d0.launch(scale, grid=(16,), block=(16,), args=(buf, 2.0, 16))
     assert counters(rt, 0)["memory_faults"] == 1 and counters(rt, 1)["memory_faults"] == 0
+    # KFD keeps the device evicted: later work there fails at once, the other device goes on
+    with pytest.raises(aiogpu.GPUError, match="lost"):
+        await asyncio.wait_for(d0.launch(scale, grid=(16,), block=(16,), args=(buf, 2.0, 16)), 10)
+    d1, buf1 = rt.devices[1], rt.devices[1].alloc(64)
+    await aiogpu.copy(buf1, np.ones(16, np.float32))
+    await d1.launch(scale, grid=(16,), block=(16,), args=(buf1, 2.0, 16))
+    np.testing.assert_array_equal(await buf1.to_numpy(np.float32), 2)
 
 
 @pytest.mark.asyncio
