@@ -41,7 +41,7 @@ def _runtime_of(*sides: Any) -> Runtime:
     raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
 
 
-def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
     """Copy ``src`` into ``dst`` (each a Buffer or a C-contiguous NumPy array of a numeric dtype,
     of equal byte sizes; on CUDA also another library's CUDA array).
 
@@ -54,7 +54,7 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
     return _runtime_of(dst, src).copy(dst, src, after)
 
 
-def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture:
+def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture[None]:
     """A GPUFuture for everything queued so far on another library's CUDA stream, or for the
     record an event holds now: await PyTorch or CuPy work without ``torch.cuda.synchronize``
     in a thread.
@@ -80,7 +80,7 @@ def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime
     return rt.stream_future(stream, device=device)
 
 
-def gather(*futures: GPUFuture) -> GPUFuture:
+def gather(*futures: GPUFuture[Any]) -> GPUFuture[None]:
     """One future that settles when every one of ``futures`` has settled and the device is
     done with its work (a device-side join; as trio's nurseries wait for every child, unlike
     ``asyncio.gather``): work ordered after it never overlaps a member. It then fails with the

@@ -519,7 +519,7 @@ def completed_future(hub: "FutureHub | None", label: str = "",
                      exc: BaseException | None = None) -> GPUFuture:
     """A future that is already done (or failed with ``exc``): an operation of ``hub``'s runtime
     that never ran on the device (traced as such)."""
-    fut = GPUFuture(hub, label)
+    fut: GPUFuture[Any] = GPUFuture(hub, label)
     fut._state = FAILED if exc is not None else DONE
     fut._exc = exc
     if hub is not None and _trace.active is not None:
