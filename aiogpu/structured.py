@@ -138,7 +138,8 @@ async def _settled(fut: futures.GPUFuture) -> None:
     if fut.done():
         return
     event = anyio.Event()
-    fut.add_done_callback(lambda _f: event.set())
+    # (the library's own registration: no GPUFuture.cancel() of a task being cancelled detaches it)
+    fut._when_done(_loops.current_port(), lambda _f: event.set())
     await event.wait()
 
 

@@ -228,3 +228,35 @@ def test_a_failure_after_a_timeout_reaches_the_task_that_awaits_again(rt, run):
         assert isinstance(bad.exception(), aiogpu.GPUError)
         await held.release_and_check()
     run(main())
+
+
+def test_a_cancelled_task_group_still_waits_for_its_work_when_the_future_is_cancelled(rt, run):
+    """aiogpu.TaskGroup's exit waits for its GPU work through the library's own registration:
+    GPUFuture.cancel(), which detaches the waits of tasks being cancelled, leaves it alone."""
+    async def main():
+        held = None
+        inside = asyncio.Event()
+
+        async def host():
+            nonlocal held
+            async with aiogpu.TaskGroup():
+                held = Held(rt, 430)
+                inside.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(host())
+        await inside.wait()
+        task.cancel()
+        for _ in range(50):                  # the group reaches its exit and waits there
+            await asyncio.sleep(0)
+        assert not task.done()
+        held.fut.cancel()                    # (the waiting task is being cancelled)
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert not task.done() and not held.fut.done()
+        held.gate.set()
+        held.timer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert held.fut.done() and held.fut.result() is None
+    run(main())
