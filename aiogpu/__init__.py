@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import (BackendUnavailable, BlockingCallError, CudaError, GPUError, HsaError, InvalidStateError, NotOnCudaError,
-                     OutOfMemoryError, RuntimeClosedError, WatchdogTimeout)
+from .errors import (BackendUnavailable, BlockingCallError, CudaError, DeviceFault, DeviceLost, GPUError, HsaError,
+                     InjectedFault, InvalidStateError, KernelError, MemoryFault, NotOnCudaError, OutOfMemoryError,
+                     RuntimeClosedError, WatchdogTimeout)
 from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
@@ -24,8 +25,9 @@ from .trace import trace
 
 __all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
            "GraphExec", "GraphNode", "TaskGroup", "Loader", "Batch", "trace", "copy", "gather", "stream_future",
-           "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "RuntimeClosedError",
-           "BackendUnavailable", "BlockingCallError", "InvalidStateError", "NotOnCudaError", "__version__"]
+           "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "DeviceLost", "RuntimeClosedError",
+           "BackendUnavailable", "BlockingCallError", "InvalidStateError", "NotOnCudaError", "DeviceFault",
+           "KernelError", "MemoryFault", "InjectedFault", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -86,7 +88,7 @@ def gather(*futures: GPUFuture[Any]) -> GPUFuture[None]:
     ``asyncio.gather``): work ordered after it never overlaps a member. It then fails with the
     error of the first member, in argument order, that failed, else completes."""
     for f in futures:
-        if not isinstance(f, GPUFuture):
+        if not isinstance(f, (GPUFuture, GraphNode)):
             raise TypeError(f"gather takes GPUFutures, got {f!r}")
     graph = next((f.graph for f in futures if isinstance(f, GraphNode)), None)
     if graph is not None:          # graph nodes: a join node, inside their capture only

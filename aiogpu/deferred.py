@@ -183,7 +183,7 @@ def _submit_deferred(rt: Any, fut: Deferred) -> None:
         err = ordering.failed_dependency(deps) if deps else None
         broken = getattr(fut.device, "broken", None)
         if err is None and broken is not None:
-            err = GPUError(f"{fut.label}: {broken}", status=getattr(broken, "status", None))
+            err = ordering.broken_error(fut.label, broken)
     if err is None:
         rt._replaying += 1
         try:

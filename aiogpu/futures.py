@@ -118,7 +118,11 @@ class GPUFuture(_FutureProtocol[_T]):
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
-        """True once the work has completed or failed."""
+        """True once the work has completed or failed. Reads the completion itself (the
+        signal) when the waiter has not settled it yet, so it is current for work nobody
+        awaits too."""
+        if self._state == PENDING and self.signal:
+            self._hub.observe(self)
         return self._state != PENDING
 
     def submitted_work(self) -> "GPUFuture | None":
@@ -183,7 +187,7 @@ class GPUFuture(_FutureProtocol[_T]):
         it failed (the library must not read what it left undefined). NotOnCudaError on a
         backend without CUDA streams; InvalidStateError while the work waits for its kernel's
         compile (await it, or ``await dev.load(kernel)`` first); ValueError for a stream of
-        another GPU context or a graph node; RuntimeClosedError after ``close()``."""
+        another GPU context; RuntimeClosedError after ``close()``."""
         owner = getattr(self._hub, "owner", None)
         if owner is None:
             if self._exc is not None:
@@ -192,11 +196,24 @@ class GPUFuture(_FutureProtocol[_T]):
         owner.wait_on(self, stream, device=device)
 
     def add_done_callback(self, fn: Callable[["GPUFuture[_T]"], Any], *, context: Any = None) -> None:
-        """Call ``fn(self)`` once done: on the calling event loop if there is one (scheduled,
-        never called inside this call, as asyncio does), else on the runtime's waiter thread
-        (keep such callbacks short and non-blocking); in ``context`` (a contextvars.Context) if
-        given. Registered from an asyncio task, it belongs to that task: ``cancel()`` from that
-        task (or while that task is being cancelled) calls it at once, the future then looking
+        """Call ``fn(self)`` once done, in ``context`` (a contextvars.Context) if given.
+
+        On an event loop (asyncio, uvloop, trio): scheduled on that loop, never called inside
+        this call, as asyncio does; what it raises goes to the loop's exception handler.
+
+        Without a loop (a plain thread): on a future that is done already, ``fn`` runs inline,
+        before this call returns, and what it raises propagates to the caller. Otherwise it
+        runs once the work has settled, on the thread that settled it: the runtime's waiter
+        thread as a rule, or a thread whose own ``done()``, ``result()``, ``wait()`` or await
+        observed the completion first. Keep such callbacks short, non-blocking and
+        thread-safe. What one raises there (BaseException included) is reported through the
+        ``aiogpu`` logger and stops nothing else: the waiter runs on and later callbacks and
+        futures complete; only a KeyboardInterrupt or SystemExit raised on the main thread
+        (outside the runtime's lock) propagates there, once the callbacks settled with it
+        have run.
+
+        Registered from an asyncio task, it belongs to that task: ``cancel()`` from that task
+        (or while that task is being cancelled) calls it at once, the future then looking
         cancelled to it."""
         if context is not None:
             fn = _InContext(fn, context)
@@ -612,6 +629,16 @@ class FutureHub:
     def poll(self) -> None:
         """Observe completions now, on the calling thread (where the backend can; else no-op)."""
 
+    def observe(self, fut: GPUFuture) -> None:
+        """Settle the pending ``fut`` now if its completion object reads complete, as the
+        waiter's scan does (any thread, without waiting for ``lock``): ``done()`` answers from
+        the device. Not inside this thread's own section of ``lock``: the layers above call
+        ``done()`` there in the middle of a submission (a join whose members are not set yet
+        must not settle), and loop-less callbacks never run inside a holder's section."""
+        key = fut.signal
+        if key and not self.lock.raw._is_owned() and self.is_complete(key):  # type: ignore[attr-defined]
+            self._settle([(key, fut)])
+
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure the waiter is woken when ``fut`` (pending device work that ``arm`` just
         marked waited) completes."""
@@ -758,14 +785,33 @@ class FutureHub:
             self._thread.join(timeout=5)
         with self.lock:               # (its outermost section runs the backlog)
             pass
-        while self._events:           # (what was left for the waiter)
-            self._run_event(self._events.popleft())
+        while self._events:           # (what was left for the waiter; what they raise is only
+            self._run_event(self._events.popleft())   # reported: closing must finish)
 
-    def _run_event(self, fn: Callable[[], None]) -> None:
+    def _run_event(self, fn: Callable[[], None], callback: Any = None) -> BaseException | None:
+        """Run ``fn`` (an event for the waiter, or ``callback.run``: a done-callback without a
+        loop, a ``_loops.Callback``), reporting whatever it raises, BaseException included,
+        through the ``aiogpu`` logger: it never kills the waiter nor stops what comes after
+        it. Returns a KeyboardInterrupt or SystemExit it raised on the main thread outside a
+        section of ``lock``, for the caller to raise once the rest of its batch has run (it
+        may be a real Ctrl-C: it must not be lost); None otherwise (inside a section, raising
+        would leave its work half done)."""
         try:
             fn()
-        except Exception:  # an event must never kill the waiter
-            log.exception("waiter event failed")
+        except BaseException as exc:  # noqa: BLE001 - see the docstring
+            if callback is None:
+                log.error("waiter event %r failed", fn, exc_info=exc)
+            else:
+                log.error("GPUFuture done-callback %r of %r raised", callback.fn, callback.arg, exc_info=exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) \
+                    and threading.current_thread() is threading.main_thread() \
+                    and not self.lock.raw._is_owned():  # type: ignore[attr-defined]
+                return exc
+        return None
+
+    def _run_callback_later(self, callback: Any) -> None:
+        """A loop-less done-callback handed to the waiter (``_post``): run it, reported."""
+        self._run_event(callback.run, callback)
 
     def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
         """Settle futures whose completion objects read complete (any thread; never waits for
@@ -1008,16 +1054,22 @@ class FutureHub:
 
     def _post(self, posts: dict, here: bool = True) -> None:
         """Wake the awaiters in ``posts``: one call per loop; those without a loop (threads'
-        callbacks) run on this thread, or with ``here`` False on the waiter thread."""
+        callbacks) run on this thread, or with ``here`` False on the waiter thread. What such
+        a callback raises is reported (``_run_event``); a KeyboardInterrupt or SystemExit on
+        the main thread, outside a section of ``lock``, is raised here once every loop has its
+        batch and every callback ran."""
+        interrupt = None
         for port, awaiters in posts.items():
             if port is None:
                 for a in awaiters:
                     if here:
-                        self._run_event(functools.partial(a.set_result, None))
+                        interrupt = self._run_event(a.run, a) or interrupt
                     else:
-                        self.post_event(functools.partial(a.set_result, None))
+                        self.post_event(functools.partial(self._run_callback_later, a))
             else:
                 port.post(awaiters)
+        if interrupt is not None:
+            raise interrupt
 
     # -- latency: a short spin on the loop before parking on the waiter -------------------------
     def spin(self, fut: GPUFuture):

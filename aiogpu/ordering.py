@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from typing import Any, Iterable
 
-from .errors import GPUError
+from .errors import DeviceLost, GPUError
 from .futures import GPUFuture
 from .memory import Buffer
 
@@ -326,6 +326,16 @@ def failed_dependency(deps: dict[GPUFuture, bool]) -> GPUError | None:
             err.__cause__ = fut._exc
             return err
     return None
+
+
+def broken_error(label: str, broken: BaseException) -> GPUError:
+    """The error of an operation offered to a broken device (``Device.broken``): of the
+    broken error's kind (DeviceLost for a lost one), so callers can tell what happened."""
+    kind = DeviceLost if isinstance(broken, DeviceLost) else GPUError
+    err = kind(f"{label}: {broken}", status=getattr(broken, "status", None))
+    if kind is DeviceLost:
+        err.__cause__ = broken
+    return err
 
 
 def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable[Any]) -> GPUFuture:
