@@ -34,12 +34,16 @@ async def main() -> None:
     reveal_type(aiogpu.copy(y, x))                # expect: GPUFuture[None]
     reveal_type(y.fill(0))                        # expect: GPUFuture[None]
     reveal_type(aiogpu.gather(f1, f2))            # expect: GPUFuture[None]
-    reveal_type(y.to_numpy().result())            # expect: ndarray
+    down = y.to_numpy()
+    await down
+    reveal_type(down.result())                    # expect: ndarray
     reveal_type(y.to_numpy().asyncio())           # expect: Future[ndarray]
     with aiogpu.Graph() as g:
         d0.launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n))
     exe: aiogpu.GraphExec = g.instantiate()
-    await exe.launch()
+    replay = exe.launch()
+    reveal_type(replay)                           # expect: GPUFuture[None]
+    await replay
     await aiogpu.gather(f1, f2)
     ready: aiogpu.GPUFuture = d0.load(saxpy)             # compile off the loop (warm-up)
     await ready
