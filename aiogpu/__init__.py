@@ -43,7 +43,7 @@ def _runtime_of(*sides: Any) -> Runtime:
     raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
 
 
-def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
     """Copy ``src`` into ``dst`` (each a Buffer or a C-contiguous NumPy array of a numeric dtype,
     of equal byte sizes; on CUDA also another library's CUDA array).
 
@@ -56,7 +56,7 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
     return _runtime_of(dst, src).copy(dst, src, after)
 
 
-def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture:
+def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture[None]:
     """A GPUFuture for everything queued so far on another library's CUDA stream, or for the
     record an event holds now: await PyTorch or CuPy work without ``torch.cuda.synchronize``
     in a thread.
@@ -82,7 +82,7 @@ def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime
     return rt.stream_future(stream, device=device)
 
 
-def gather(*futures: GPUFuture) -> GPUFuture:
+def gather(*futures: GPUFuture[Any] | GraphNode) -> GPUFuture[None]:
     """One future that settles when every one of ``futures`` has settled and the device is
     done with its work (a device-side join; as trio's nurseries wait for every child, unlike
     ``asyncio.gather``): work ordered after it never overlaps a member. It then fails with the
@@ -93,16 +93,17 @@ def gather(*futures: GPUFuture) -> GPUFuture:
     graph = next((f.graph for f in futures if isinstance(f, GraphNode)), None)
     if graph is not None:          # graph nodes: a join node, inside their capture only
         return graph.runtime.gather(futures)
-    hubs = {id(f._hub): f._hub for f in futures if f._hub is not None}
+    live = [f for f in futures if isinstance(f, GPUFuture)]    # (here: all of them)
+    hubs = {id(f._hub): f._hub for f in live if f._hub is not None}
     if not hubs:
         from .futures import completed_future
-        failed = next((f._exc for f in futures if f._exc is not None), None)
+        failed = next((f._exc for f in live if f._exc is not None), None)
         return completed_future(None, "gather", failed)
     if len(hubs) > 1:
         raise ValueError("gather takes futures of one runtime")
     owner = next(iter(hubs.values())).owner
     if owner is None:
         raise ValueError("these futures do not belong to a live runtime")
-    return owner.gather(futures)
+    return owner.gather(live)
 
 

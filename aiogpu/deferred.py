@@ -104,7 +104,7 @@ def defer(rt: Any, device: Any, label: str, reads: list, writes: list, deps: dic
 
 def completed(hub: Any, label: str) -> GPUFuture:
     """A future that is done already (nothing to wait for), with no device work behind it."""
-    fut = GPUFuture(hub, label)
+    fut: GPUFuture[Any] = GPUFuture(hub, label)
     fut._state = DONE
     return fut
 

@@ -352,7 +352,7 @@ class Device:
             got = self._kernels[kernel] = self._load(kernel)
         return got
 
-    def load(self, kernel: Kernel) -> GPUFuture:
+    def load(self, kernel: Kernel) -> GPUFuture[None]:
         """Compile and load ``kernel`` on this device, off the event loop: the warm-up of a
         service (``await dev.load(kernel)`` before taking requests).
 
@@ -403,7 +403,7 @@ class Device:
         return fut
 
     def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
-               after: Iterable[GPUFuture] = ()) -> GPUFuture:
+               after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """Dispatch ``kernel`` over ``grid`` work-items in workgroups of ``block``.
 
         Returns at once with a GPUFuture. Bad input raises ValueError/TypeError before anything

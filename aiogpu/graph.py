@@ -155,7 +155,7 @@ class GraphExec:
 
     def launch(self, args: Mapping[GraphNode, tuple] | None = None, *,
                grid: Mapping[GraphNode, Any] | None = None,
-               block: Mapping[GraphNode, Any] | None = None) -> GPUFuture:
+               block: Mapping[GraphNode, Any] | None = None) -> GPUFuture[None]:
         """Replay the graph; returns one GPUFuture that completes when every node has.
 
         ``args``/``grid``/``block`` patch launch nodes for this replay only. They are checked

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from .errors import NotOnCudaError, RuntimeClosedError
+
+if TYPE_CHECKING:
+    from .futures import GPUFuture
 
 BLOCK = 2 << 20          # 2 MiB: huge-page size, the unit of every allocation from the driver
 MIN_PIECE = 256
@@ -521,7 +524,7 @@ class Buffer:
                 self.device.memory.drain()
 
     # -- data ----------------------------------------------------------------------------------
-    def to_numpy(self, dtype: Any = None) -> Any:
+    def to_numpy(self, dtype: Any = None) -> "GPUFuture[np.ndarray]":
         """A GPUFuture whose result is a new NumPy array holding a copy of the buffer.
 
         With no ``dtype``: the view's dtype and shape (uint8 bytes for a raw buffer); with one,
@@ -553,7 +556,7 @@ class Buffer:
         fut.value = out
         return fut
 
-    def fill(self, value: int, *, after: Any = ()) -> Any:
+    def fill(self, value: int, *, after: Any = ()) -> "GPUFuture[None]":
         """Fill with a repeated 32-bit ``value`` (device-side; nbytes and, for a view, its offset
         must be multiples of 4)."""
         return self.device.runtime.fill(self, value, after=after)

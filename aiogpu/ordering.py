@@ -358,8 +358,8 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     return fut
 
 
-def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
-    """Make ``fut`` the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
+def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
+    """Make ``fut`` (a GPUFuture, or a GraphNode at capture) the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
     (what it waits for) are remembered in case it fails without running."""
     preds = fut.preds
     for d in deps:

@@ -482,7 +482,6 @@ class CopyEngines:
         self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
         self.lost = False                                  # evicted after a memory fault: never again
         self.counts: dict[str, int] = {}                   # copies submitted, by engine name
-        self._gpu_agents: dict[int, bool] = {}             # agent handle -> is a GPU
 
     @property
     def rocr_picks(self) -> bool:
@@ -577,18 +576,14 @@ class CopyEngines:
         return self._count(f"{self.name}.sdma{engine.bit_length() - 1}")
 
     def _role(self, dst_agent: Any, src_agent: Any) -> str:
-        """The blit ROCr picks (GpuAgent::GetBlitObject): named by direction."""
-        if src_agent.handle != self.agent.handle:
-            return "h2d"
-        return "peer" if self._is_gpu(dst_agent) else "d2h"
-
-    def _is_gpu(self, agent: Any) -> bool:
-        gpu = self._gpu_agents.get(agent.handle)
-        if gpu is None:
-            kind = ctypes.c_uint32()
-            self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_DEVICE, ctypes.byref(kind))
-            gpu = self._gpu_agents[agent.handle] = kind.value == T.HSA_DEVICE_TYPE_GPU
-        return gpu
+        """The blit ROCr picks (GpuAgent::GetBlitObject), named by its role: a PCIe peer copy
+        runs on the source's device-to-host blit, behind that blit's device-to-host copies and
+        they behind it, so it carries that blit's name (the watchdog orders an engine's work by
+        name: a copy queued behind a stalled one is held up, not silent). In an xGMI hive ROCr
+        runs peer copies on its xGMI blits instead; aiogpu does not tell the two apart, and
+        sharing the name then only makes the watchdog start a peer copy's clock once the older
+        device-to-host copies have completed, never too early."""
+        return "h2d" if src_agent.handle != self.agent.handle else "d2h"
 
     def _count(self, label: str) -> str:
         self.counts[label] = self.counts.get(label, 0) + 1

@@ -338,7 +338,7 @@ class Runtime:
         return items
 
     # -- other libraries' CUDA streams and events ------------------------------------------------
-    def stream_future(self, stream: Any, *, device: Device | None = None) -> GPUFuture:
+    def stream_future(self, stream: Any, *, device: Device | None = None) -> GPUFuture[None]:
         """See ``aiogpu.stream_future``."""
         if self.capturing() is not None:
             raise ValueError("a graph cannot capture a wait on another library's stream or event; "
@@ -451,7 +451,7 @@ class Runtime:
             fut._cleanup = [*fut._cleanup, functools.partial(_retired, self.hazards, cleanup, roots, hosts)]
 
     # -- copies --------------------------------------------------------------------------------
-    def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+    def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``aiogpu.copy``."""
         nbytes = self._check_copy(dst, src)
         after = self.check_after(after) if after else []
@@ -467,7 +467,7 @@ class Runtime:
             label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
             return self.submit_copy(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
 
-    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture:
+    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
         """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
         ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
         open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
@@ -642,7 +642,7 @@ class Runtime:
         return True
 
     # -- fills ---------------------------------------------------------------------------------
-    def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+    def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``Buffer.fill``: ``value`` repeated as a 32-bit word over the buffer."""
         word = _fill_word(value)
         if not isinstance(buf, Buffer):
@@ -664,7 +664,7 @@ class Runtime:
                                        lambda deps: dev._submit_fill(buf, word, deps))
 
     # -- joins ---------------------------------------------------------------------------------
-    def gather(self, futures: Iterable[GPUFuture]) -> GPUFuture:
+    def gather(self, futures: Iterable[GPUFuture[Any]]) -> GPUFuture[None]:
         """One future for all of ``futures`` (a join on the device where possible). It settles
         once every member has settled and the device is done with its work (as trio's nurseries
         and anyio's task groups wait for every child, unlike ``asyncio.gather``), then fails

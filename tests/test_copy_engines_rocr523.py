@@ -42,10 +42,10 @@ async def test_on_rocr_5_2_3_copies_run_on_the_blits_rocr_picks_for_the_copy_age
     h2d, peer, d2h = await three_directions(rt)
     # Host-to-device on the destination's host-to-device blit, peer and device-to-host on the
     # SOURCE device's device-to-host blit (ROCr: GpuAgent::GetPcieBlit), each an SDMA queue.
-    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-peer", "gpu1.rocr-d2h")
+    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-d2h", "gpu1.rocr-d2h")
     assert emu.blit_stats(0) == {"h2d": {"sdma": True, "copies": 1}, "d2h": {"sdma": True, "copies": 1}}
     assert emu.blit_stats(1) == {"d2h": {"sdma": True, "copies": 1}}
-    assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 1, "gpu0.rocr-peer": 1, "gpu1.rocr-d2h": 1, "shader": 0}
+    assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 1, "gpu0.rocr-d2h": 1, "gpu1.rocr-d2h": 1, "shader": 0}
     assert {r.kind for r in emu.timeline} - {"barrier"} == {"copy"}   # no dispatch: no shader copy
     assert "copies: hsa_amd_memory_async_copy (" in rt.describe()
     assert "emulated ROCr release: 5.2.3" in rt.describe()
@@ -58,7 +58,7 @@ async def test_on_rocr_5_2_3_peer_copies_in_an_xgmi_hive_use_the_sources_xgmi_bl
     rt = make_runtime(xgmi_engines=2)
     emu = rt.api.emulator
     h2d, peer, d2h = await three_directions(rt)
-    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-peer", "gpu1.rocr-d2h")
+    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-d2h", "gpu1.rocr-d2h")
     assert emu.blit_stats(0) == {"h2d": {"sdma": True, "copies": 1}, "xgmi0": {"sdma": True, "copies": 1}}
     assert emu.blit_stats(1) == {"d2h": {"sdma": True, "copies": 1}}
 
@@ -70,7 +70,7 @@ async def test_on_rocr_5_2_3_without_sdma_rocr_copies_with_its_blit_kernels(make
     rt = make_runtime(sdma_engines=0)
     emu = rt.api.emulator
     h2d, peer, d2h = await three_directions(rt)
-    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-peer", "gpu1.rocr-d2h")
+    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-d2h", "gpu1.rocr-d2h")
     assert emu.blit_stats(0) == {"h2d": {"sdma": False, "copies": 1}, "d2h": {"sdma": False, "copies": 1}}
     assert emu.blit_stats(1) == {"d2h": {"sdma": False, "copies": 1}}
     assert {r.kind for r in emu.timeline} - {"barrier"} == {"blit"}
@@ -83,7 +83,7 @@ async def test_on_rocr_5_2_3_exhausted_sdma_queues_become_blit_kernels(make_runt
     emu = rt.api.emulator
     emu.faults.exhaust_sdma(0)                  # KFD grants gpu0 no SDMA queue
     h2d, peer, d2h = await three_directions(rt)
-    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-peer", "gpu1.rocr-d2h")
+    assert (h2d.queue, peer.queue, d2h.queue) == ("gpu0.rocr-h2d", "gpu0.rocr-d2h", "gpu1.rocr-d2h")
     assert emu.blit_stats(0) == {"h2d": {"sdma": False, "copies": 1}, "d2h": {"sdma": False, "copies": 1}}
     assert emu.blit_stats(1) == {"d2h": {"sdma": True, "copies": 1}}
     emu.faults.restore_sdma()
@@ -128,7 +128,7 @@ async def test_on_rocr_5_2_3_graph_copies_replay_on_rocr_blits(make_runtime):
         await asyncio.wait_for(exe.launch(), 30)
         np.testing.assert_array_equal(out, host)
         out[:] = 0
-    assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 3, "gpu0.rocr-peer": 3, "gpu1.rocr-d2h": 3, "shader": 3}
+    assert rt.stats()["copies"] == {"gpu0.rocr-h2d": 3, "gpu0.rocr-d2h": 3, "gpu1.rocr-d2h": 3, "shader": 3}
 
 
 @pytest.mark.asyncio
