@@ -3,11 +3,12 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# Re-installed when the build changes (pyproject, setup.py, the optional C hot path's source,
+# Re-installed when the build changes (pyproject, setup.py, the optional C parts' sources,
 # this file). The editable install is setuptools' "compat" mode: a path entry to this tree, which
 # mypy follows to the package's py.typed (the default mode's import hook is invisible to it;
 # setuptools calls compat transitional: its "strict" mode, a tree of links, serves mypy too).
-BUILD := $(shell cat pyproject.toml setup.py aiogpu/cuda/_hotc.c Makefile | cksum | cut -d' ' -f1)
+C_SOURCES := aiogpu/cuda/_hotc.c aiogpu/vkfd/vkfd.c aiogpu/vkfd/hsakmt.ver
+BUILD := $(shell cat pyproject.toml setup.py $(C_SOURCES) Makefile | cksum | cut -d' ' -f1)
 INSTALL := $(PY) -m pip install -q --config-settings editable_mode=compat -e
 BASE_STAMP := $(VENV)/.installed-$(BUILD)-base
 TEST_STAMP := $(VENV)/.installed-$(BUILD)-test
@@ -21,11 +22,11 @@ $(VENV)/.venv-created:
 	$(PY) -m pip install -q --upgrade pip
 	@touch $@
 
-$(BASE_STAMP): pyproject.toml setup.py aiogpu/cuda/_hotc.c Makefile | $(VENV)/.venv-created
+$(BASE_STAMP): pyproject.toml setup.py $(C_SOURCES) Makefile | $(VENV)/.venv-created
 	$(INSTALL) .
 	@rm -f $(VENV)/.installed-*-base; touch $@
 
-$(TEST_STAMP): pyproject.toml setup.py aiogpu/cuda/_hotc.c Makefile | $(VENV)/.venv-created
+$(TEST_STAMP): pyproject.toml setup.py $(C_SOURCES) Makefile | $(VENV)/.venv-created
 	$(INSTALL) '.[test,ray]'
 	@rm -f $(VENV)/.installed-*; touch $@
 
@@ -45,4 +46,4 @@ stress: $(RUN_STAMP)
 	$(PY) -m aiogpu stress
 
 clean:
-	rm -rf $(VENV) build *.egg-info aiogpu/cuda/_hotc*.so
+	rm -rf $(VENV) build *.egg-info aiogpu/cuda/_hotc*.so aiogpu/vkfd/libhsakmt.so*

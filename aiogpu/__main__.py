@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", type=int, default=None)
     p.add_argument("--gpus", type=int, default=4)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--backend", default="emulator", choices=("emulator", "hsa-virtual"),
+                   help="emulator (with injected faults) or hsa-virtual (the real ROCr, no faults)")
     p.set_defaults(run=lambda a: _lazy("stress", a))
     args = parser.parse_args(argv)
     try:

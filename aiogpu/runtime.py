@@ -64,6 +64,7 @@ STAGE_LIMIT = 256 << 10
 REGISTRY: dict[str, str] = {
     "hsa": "aiogpu.hsa.runtime:HsaRuntime",
     "emulator": "aiogpu.hsa.runtime:HsaRuntime",
+    "hsa-virtual": "aiogpu.hsa.runtime:HsaRuntime",
     "cuda": "aiogpu.cuda.runtime:CudaRuntime",
 }
 BACKENDS = tuple(REGISTRY)

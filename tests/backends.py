@@ -1,6 +1,7 @@
 """Backends the public-API tests run on, and what this machine has (shared by conftest.py and
-the tests: the emulator always; CUDA where an NVIDIA GPU answers; two-GPU variants and torch
-interop only where those are present)."""
+the tests: the emulator always; the real ROCr over the virtual KFD (hsa-virtual) where the
+package built it and ROCr 5.2.3 is installed; CUDA where an NVIDIA GPU answers; two-GPU variants
+and torch interop only where those are present)."""
 from __future__ import annotations
 
 import asyncio
@@ -34,8 +35,30 @@ def run_on_fake_cuda(script: str, *, timeout: float = 120, **env: str) -> subpro
                           timeout=timeout, cwd=ROOT)
 
 CUDA_OK, CUDA_WHY = cuda_available()
+
+
+def _hsa_virtual_available() -> tuple[bool, str]:
+    """The virtual KFD with ROCr, and comgr with the OpenCL headers: the test kernels have only
+    NumPy bodies, and ROCr needs a code object, compiled from their signatures."""
+    from aiogpu import vkfd
+    from aiogpu.hsa_bindings import comgr
+
+    ok, why = vkfd.available()
+    if not ok:
+        return ok, why
+    has_comgr, why_not = comgr.available()
+    if not has_comgr or comgr.opencl_header_dir() is None:
+        return False, f"comgr cannot compile the kernels' stub code objects ({why_not}; needs libamd-comgr2, " \
+                      f"rocm-device-libs and libclang-common-14-dev)"
+    return True, why
+
+
+VIRTUAL_OK, VIRTUAL_WHY = _hsa_virtual_available()
+on_hsa_virtual = pytest.mark.skipif(not VIRTUAL_OK, reason=f"hsa-virtual is unavailable here: {VIRTUAL_WHY}")
+HSA_VIRTUAL = pytest.param("hsa-virtual", id="hsa-virtual", marks=[pytest.mark.hsa_virtual, on_hsa_virtual])
 BACKENDS = [
     pytest.param("emulator", id="emulator"),
+    HSA_VIRTUAL,
     pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
         not CUDA_OK, reason=f"the CUDA backend is unavailable here: {CUDA_WHY}")]),
 ]
@@ -53,6 +76,7 @@ def _cuda_gpu_count() -> int:
 CUDA_GPUS = _cuda_gpu_count()
 BACKENDS_2GPU = [   # the emulated runtimes have two GPUs
     pytest.param("emulator", id="emulator"),
+    HSA_VIRTUAL,
     pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
         CUDA_GPUS < 2, reason=f"needs two NVIDIA GPUs; {CUDA_GPUS} here ({CUDA_WHY})")]),
 ]
@@ -94,7 +118,7 @@ def wait_for_baseline(rt: aiogpu.Runtime, timeout: float = 5.0) -> dict:
 
 def backend_runtime(backend: str, *, shader_copies: bool = False, **options):
     """A runtime of ``backend`` for the parametrised tests (two emulated GPUs; every CUDA GPU)."""
-    if backend == "emulator":
+    if backend in ("emulator", "hsa-virtual"):
         options.setdefault("gpus", 2)
     if shader_copies:
         options["copy_engines"] = False

@@ -19,6 +19,11 @@ from backends import BACKENDS, BACKENDS_2GPU, _close_checked, backend_runtime
 # inherit it); tests of the cache itself point it elsewhere.
 os.environ.setdefault("AIOGPU_CACHE_DIR", tempfile.mkdtemp(prefix="aiogpu-test-cache-"))
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "hsa_virtual: runs on the real ROCr over the virtual KFD (aiogpu.vkfd)")
+
+
+
 @pytest.fixture
 def make_runtime():
     """Factory for emulated runtimes; each is closed and checked for leaks after the test."""

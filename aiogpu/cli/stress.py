@@ -290,7 +290,7 @@ async def run_async(rt: Any, ops: int, tasks: int, seed: int, faults: bool, peri
     rng = random.Random(seed)
     stop = asyncio.Event()
     inj = asyncio.ensure_future(injector(rt, rng, stop, stats, period)) if faults else None
-    fault_log = rt.api.emulator.faults
+    fault_log = rt.api.emulator.faults if rt.api.emulator is not None else _NoFaults()
     workers = [asyncio.ensure_future(worker(seed * 1000 + i, rt.devices, budget, stats, fault_log))
                for i in range(tasks)]
     report = asyncio.ensure_future(_report(rt, stats, ops, budget, workers, progress, stop))
@@ -325,19 +325,35 @@ async def _report(rt: Any, stats: Stats, total: int, budget: list, workers: list
                 await stop.wait()
 
 
+class _NoFaults:
+    """The fault log of a run without injected faults (hsa-virtual)."""
+
+    fired: tuple = ()
+
+
 def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool = True,
-               period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, Leaks]:
-    """Run the stress workload on a fresh emulated runtime; returns (stats, leaks)."""
-    rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
+               period: float = 0.2, progress: Any = lambda msg: None,
+               backend: str = "emulator") -> tuple[Stats, Leaks]:
+    """Run the stress workload on a fresh runtime of ``backend`` (``emulator``, with injected
+    faults; or ``hsa-virtual``, the real ROCr over the virtual KFD with its eager command
+    processor and no injected faults: a memory fault there loses the device for the process, as
+    on KFD); returns (stats, leaks)."""
+    if backend == "hsa-virtual":
+        rt = aiogpu.Runtime("hsa-virtual", gpus=gpus, eager=True, watchdog_s=30.0)
+        faults = False
+    else:
+        rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
     with closing(rt):
         stats = asyncio.run(run_async(rt, ops, tasks, seed, faults, period, progress))
-        rt.api.emulator.faults.reset()
+        if rt.api.emulator is not None:
+            rt.api.emulator.faults.reset()
         progress(f"draining: every task done; {rt.hub.pending_count} operations pending on the device")
         wait_idle(rt, 30)
         gc.collect()
         progress("checking for leaks")
         leaks = count_leaks(rt)
-        stats.faults = max(stats.faults, len(rt.api.emulator.faults.fired))
+        if rt.api.emulator is not None:
+            stats.faults = max(stats.faults, len(rt.api.emulator.faults.fired))
     return stats, leaks
 
 
@@ -358,7 +374,8 @@ def run(args: argparse.Namespace) -> int:
     def progress(msg: str) -> None:
         print(f"  [{time.monotonic() - t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
-    stats, leaks = run_stress(ops=ops, gpus=args.gpus, seed=args.seed, tasks=tasks, progress=progress)
+    stats, leaks = run_stress(ops=ops, gpus=args.gpus, seed=args.seed, tasks=tasks, progress=progress,
+                              backend=getattr(args, "backend", None) or "emulator")
     for note in stats.notes[:20]:
         print(f"  note: {note}")
     if leaks:

@@ -3,7 +3,9 @@ the kernarg bytes of a dispatch.
 
 The code object comes from the kernel's ``hsaco=`` bytes, else its ``opencl=`` source compiled
 for the agent's ISA through ROCm's comgr (once per ISA), and on the emulator from the NumPy
-reference body (registered once per process).
+reference body (registered once per process). On hsa-virtual (the real ROCr over the virtual
+KFD) a kernel with neither gets a stub compiled from its signature, and every loaded kernel
+object is registered with the virtual KFD's dispatch harness, which runs the body.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ class LoadedKernel:
     args: tuple = ()
     hidden: tuple = ()          # codeobject.HiddenArg: dispatch geometry the runtime fills (v5)
     kernarg_align: int = 16     # the kernarg segment's alignment
+    virtual: bool = False       # hsa-virtual: launches tell the harness their pointers' lengths
     # The code object's memory: ROCr's loader keeps pointing at it (its link map names it) for
     # as long as the executable exists, so it lives as long as this does (see ``unload_kernel``).
     code: Any = None
@@ -51,14 +54,24 @@ def code_object(kernel: Kernel, backend: str, isa: str) -> bytes:
             from ..hsa_bindings import comgr
             kernel.artifacts[key] = comgr.compile_opencl(kernel.opencl, isa)
         return kernel.artifacts[key]
+    if backend == "hsa-virtual" and kernel.body is not None:
+        key = ("stub", isa)
+        if key not in kernel.artifacts:
+            from ..hsa_bindings import comgr
+            from ..vkfd.harness import stub_source
+            kernel.artifacts[key] = comgr.compile_opencl(stub_source(kernel.name, kernel.args), isa)
+        return kernel.artifacts[key]
     raise ValueError(f"kernel {kernel.name!r} has no AMD code object (hsaco=) or OpenCL C source "
                      f"(opencl=) for {isa}")
 
 
 def needs_compile(kernel: Kernel, backend: str, isa: str) -> bool:
     """Whether ``code_object`` would compile (OpenCL C through comgr, not compiled yet)."""
-    return (backend != "emulator" and kernel.hsaco is None and kernel.opencl is not None
-            and ("opencl", isa) not in kernel.artifacts)
+    if backend == "emulator" or kernel.hsaco is not None:
+        return False
+    if kernel.opencl is not None:
+        return ("opencl", isa) not in kernel.artifacts
+    return backend == "hsa-virtual" and kernel.body is not None and ("stub", isa) not in kernel.artifacts
 
 
 def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
@@ -92,8 +105,13 @@ def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
         hidden = codeobject.kernel_metadata(code, kernel.name).hidden
     except ValueError:
         hidden = ()
+    kernel_object = info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT, ctypes.c_uint64)
+    virtual = api.backend == "hsa-virtual"
+    if virtual:
+        from ..vkfd import harness
+        harness.register(kernel_object, kernel.name, kernel.body, kernel.args)
     return LoadedKernel(
-        kernel_object=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT, ctypes.c_uint64),
+        kernel_object=kernel_object,
         kernarg_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, ctypes.c_uint32),
         group_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, ctypes.c_uint32),
         private_segment_size=info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, ctypes.c_uint32),
@@ -102,6 +120,7 @@ def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
         args=kernel.args,
         hidden=hidden,
         kernarg_align=max(16, info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, ctypes.c_uint32)),
+        virtual=virtual,
         code=buf,
     )
 
@@ -116,5 +135,8 @@ def pack_args(loaded: LoadedKernel, values: list, lengths: list, grid: tuple, bl
     """Kernarg bytes, padded to the segment size the code object asks for, with the hidden
     dispatch-geometry arguments (code object v5) filled for ``grid``/``block``."""
     data = pack(loaded.args, loaded.layout, values, lengths)
+    if loaded.virtual:
+        from ..vkfd import harness
+        harness.remember_lengths(loaded.kernel_object, data, lengths)
     data += bytes(max(0, loaded.kernarg_size - len(data)))
     return codeobject.fill_hidden(loaded.hidden, data, grid, block)

@@ -33,6 +33,8 @@ DEFAULT_WATCHDOG_S = 60.0
 EMULATOR_OPTIONS = frozenset({"gpus", "rocr_version", "sdma_engines", "xgmi_engines", "compute_units", "eager",
                               "emulator_event_limit", "emulator_min_queue_size", "timeline_records",
                               "engine_history_records"})
+# What shapes the virtual KFD beneath the real ROCr (hsa-virtual); the others are emulator-only.
+VIRTUAL_OPTIONS = frozenset({"gpus", "eager", "sdma_queues"})
 
 
 class HsaRuntime(Runtime):
@@ -48,7 +50,7 @@ class HsaRuntime(Runtime):
     """
 
     backend = "hsa"
-    OPTIONS: ClassVar[frozenset[str]] = Runtime.OPTIONS | {"ring_size"} | EMULATOR_OPTIONS
+    OPTIONS: ClassVar[frozenset[str]] = Runtime.OPTIONS | {"ring_size"} | EMULATOR_OPTIONS | VIRTUAL_OPTIONS
 
     @classmethod
     def probe(cls) -> tuple[bool, str]:
@@ -60,7 +62,7 @@ class HsaRuntime(Runtime):
 
     @classmethod
     def _default_choice(cls, requested: str | None) -> tuple[str, str]:
-        if requested in ("hsa", "emulator"):
+        if requested in ("hsa", "emulator", "hsa-virtual"):
             return requested, f"{requested} requested"
         ok, why = cls.probe()
         return ("hsa", why) if ok else ("emulator", f"no usable GPU ({why}); using the emulator")
@@ -68,9 +70,16 @@ class HsaRuntime(Runtime):
     @classmethod
     def check_options(cls, backend: str, options: dict) -> None:
         super().check_options(backend, options)
-        if backend == "hsa" and EMULATOR_OPTIONS & set(options):
-            raise TypeError(f"emulator-only option(s) {', '.join(sorted(EMULATOR_OPTIONS & set(options)))} "
+        if backend == "hsa" and (EMULATOR_OPTIONS | VIRTUAL_OPTIONS) & set(options):
+            raise TypeError(f"emulator-only option(s) "
+                            f"{', '.join(sorted((EMULATOR_OPTIONS | VIRTUAL_OPTIONS) & set(options)))} "
                             f"given to the hsa backend (a real GPU)")
+        if backend == "emulator" and "sdma_queues" in options:
+            raise TypeError("sdma_queues is an option of the hsa-virtual backend (the emulator takes sdma_engines)")
+        if backend == "hsa-virtual" and (EMULATOR_OPTIONS - VIRTUAL_OPTIONS) & set(options):
+            raise TypeError(f"emulator-only option(s) "
+                            f"{', '.join(sorted((EMULATOR_OPTIONS - VIRTUAL_OPTIONS) & set(options)))} given to "
+                            f"hsa-virtual (it takes gpus, sdma_queues and eager)")
 
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
                  watchdog_s: float | None = DEFAULT_WATCHDOG_S, copy_engines: bool = True, spin_s: float = 0.0,
@@ -375,6 +384,8 @@ class HsaRuntime(Runtime):
             # ROCr), and "shader" for aiogpu's own copy kernel.
             "copies": {**{k: v for d in self.devices for k, v in sorted(d.engines.counts.items())},
                        "shader": self.shader_copies},
+            **({"vkfd": {f"gpu{i}": self.api.vkfd.counters(i) for i in range(len(self.devices))}}
+               if self.api.vkfd is not None else {}),
         }
 
     def describe(self) -> str:
@@ -383,6 +394,11 @@ class HsaRuntime(Runtime):
         api = self.api
         optional = "all present" if not api.missing else "absent: " + ", ".join(api.missing)
         lines = [super().describe(), f"optional HSA calls: {optional}"]
+        if api.vkfd is not None:
+            vk = api.vkfd
+            lines.append(f"virtual KFD: {vk.version}; {vk.gpus} GPU(s), {vk.kfd.vkfd_sdma_limit(0)} SDMA "
+                         f"queue(s) per GPU, {'eager' if vk.kfd.vkfd_eager() else 'doorbell-driven'} "
+                         f"command processor")
         if api.emulator is not None:
             lines.append(f"emulated ROCr release: {api.emulator.rocr_version}")
         for agent in self.all_agents():
@@ -450,15 +466,19 @@ class _SystemEvents:
         self._lock = threading.Lock()              # the registry (the callback takes it)
         self._opening = threading.Lock()           # attach/detach, shut-down included
         self._serials = itertools.count(1)
-        self._libraries: dict[int, dict] = {}       # library key -> its entry
+        self._libraries: dict[Any, dict] = {}       # library key -> its entry
         self._by_serial: dict[int, dict] = {}       # the callback's user data -> the entry
         self.callback = T.system_event_callback_t(self._on_event)
 
     @staticmethod
-    def _key(api: Any) -> int:
+    def _key(api: Any) -> Any:
         # The real library: its dlopen handle (one ROCr per process, however often loaded);
-        # the emulator: the object, one emulated process each.
+        # the emulator: the object, one emulated process each; hsa-virtual: the ROCr handle and
+        # the virtual KFD's open (each time ROCr reopens it, it is a fresh process to the KFD:
+        # docs/rocr-model.md).
         handle = getattr(api.library, "_handle", None)
+        if getattr(api, "vkfd", None) is not None:
+            return (handle, api.vkfd.generation)
         return handle if handle is not None else id(api.library)
 
     def attach(self, rt: "HsaRuntime") -> None:

@@ -1,4 +1,5 @@
-"""Pick the HSA library: the real ROCr runtime when it answers with a GPU, else the emulator.
+"""Pick the HSA library: the real ROCr runtime when it answers with a GPU, else the emulator;
+or, for ``hsa-virtual``, the real ROCr library over the virtual KFD (``aiogpu.vkfd``).
 
 Both come back as one ``HsaApi``: an object whose attributes are the HSA functions of
 ``prototypes.PROTOTYPES``, typed identically. For the real library they are the shared object's
@@ -17,7 +18,7 @@ from . import types as T
 from .prototypes import OPTIONAL, PROTOTYPES
 
 LIBRARY_NAMES = ("libhsa-runtime64.so.1", "libhsa-runtime64.so")
-BACKENDS = ("hsa", "emulator")
+BACKENDS = ("hsa", "emulator", "hsa-virtual")
 
 
 @dataclass
@@ -28,6 +29,7 @@ class HsaApi:
     reason: str
     library: Any = None            # the CDLL, or the emulator object
     missing: tuple[str, ...] = ()  # optional functions the library lacks
+    vkfd: Any = None               # hsa-virtual: the aiogpu.vkfd.VirtualKfd ROCr runs over
     _keep: list = field(default_factory=list, repr=False)
 
     @property
@@ -164,8 +166,58 @@ HSA_FIX = ("needs an AMD GPU with the ROCm driver and ROCr installed (Debian pac
            "use the emulator backend where there is none")
 
 
+def make_virtual(reason: str, *, gpus: int | None = None, sdma_queues: int | None = None, eager: bool = False) -> HsaApi:
+    """The real ROCr library over the virtual KFD with ``gpus`` GPUs (default, as the emulator's,
+    AIOGPU_EMULATOR_GPUS or 2), ``sdma_queues`` SDMA queues
+    granted per GPU before KFD refuses (default: 16, the engines' queue slots) and the eager
+    command processor if ``eager``; ``hsa_init`` called (the caller balances it with
+    ``shut_down``). BackendUnavailable where the library was not built or ROCr is missing;
+    ValueError for a configuration unlike the one another open hsa-virtual runtime of this
+    process has (ROCr's devices are fixed while it is initialised)."""
+    from .. import vkfd as vkfd_module   # the one place the virtual KFD enters
+
+    if gpus is None:
+        raw = os.environ.get("AIOGPU_EMULATOR_GPUS", "2")
+        gpus = int(raw) if raw.isdigit() else -1
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 8:
+        raise ValueError(f"hsa-virtual takes 1..8 GPUs, got {gpus!r}")
+    sdma = 16 if sdma_queues is None else sdma_queues
+    if isinstance(sdma, bool) or not isinstance(sdma, int) or sdma < 0:
+        raise ValueError(f"sdma_queues must be a whole number >= 0, got {sdma_queues!r}")
+    from ..vkfd import harness
+
+    vk = vkfd_module.load()
+    harness.install(vk)
+    if not vk.configure(gpus, sdma, bool(eager)):
+        have = (vk.gpus, vk.kfd.vkfd_sdma_limit(0))
+        if have != (gpus, sdma):
+            raise ValueError(f"another hsa-virtual runtime of this process is open with {have[0]} GPU(s) and "
+                             f"sdma_queues={have[1]}; ROCr's devices are fixed until it closes "
+                             f"(asked for {gpus} and {sdma})")
+        vk.set_eager(bool(eager))
+    try:
+        funcs, missing = bind_library(vk.rocr)
+    except AttributeError as exc:
+        raise BackendUnavailable("hsa-virtual", f"{vk.how} lacks a required HSA symbol: {exc}",
+                                 vkfd_module.PACKAGES) from None
+    vk.sync_environment()    # ROCr reads its flags (HSA_*) from the environment at hsa_init
+    status = funcs["hsa_init"]()
+    if status != T.HSA_STATUS_SUCCESS:
+        raise BackendUnavailable("hsa-virtual", f"hsa_init over the virtual KFD returned 0x{status:x} "
+                                 f"({T.status_name(status)})", vkfd_module.PACKAGES)
+    found = _count_gpu_agents(funcs)
+    why = f"{vk.how}: hsa_init succeeded with {found} virtual GPU agent(s)"
+    if missing:
+        why += f"; optional calls absent: {', '.join(missing)}"
+    api = _make_api("hsa-virtual", f"{reason}; {why}" if reason else why, vk.rocr, funcs, missing)
+    api.vkfd = vk
+    return api
+
+
 def load(backend: str, reason: str = "", **emulator_options: Any) -> HsaApi:
-    """The HSA API of ``backend``: ``"hsa"`` (the real ROCr library) or ``"emulator"``.
+    """The HSA API of ``backend``: ``"hsa"`` (the real ROCr library), ``"emulator"`` or
+    ``"hsa-virtual"`` (the real ROCr over the virtual KFD; options ``gpus``, ``sdma_queues``,
+    ``eager``, see ``make_virtual``).
 
     Raises BackendUnavailable for ``"hsa"`` where ROCr does not answer with a GPU (never a
     silent fallback: the caller chose). ``reason`` says why this backend was chosen.
@@ -174,6 +226,8 @@ def load(backend: str, reason: str = "", **emulator_options: Any) -> HsaApi:
         raise ValueError(f"unknown HSA backend {backend!r}; expected one of {BACKENDS}")
     if backend == "emulator":
         return make_emulator(reason or "emulator requested", **emulator_options)
+    if backend == "hsa-virtual":
+        return make_virtual(reason, **emulator_options)
     api, why = try_real()
     if api is None:
         raise BackendUnavailable("hsa", why, HSA_FIX)
