@@ -144,15 +144,17 @@ async def main(rt, key):
     def counts():
         return [rt.stats()["vkfd"][f"gpu{g}"][key] for g in (0, 1)]
 
-    async def step(coro):
+    async def step(submit):
+        # Counted before the copy is submitted: aiogpu.copy submits at once and the engine
+        # threads of the virtual KFD may run the copy before the call even returns.
         before = counts()
-        out = await coro
+        out = await submit()
         steps.append([n - b > 0 for n, b in zip(counts(), before)])
         return out
 
-    await step(aiogpu.copy(b1, src))                 # host-to-device (gpu1)
-    await step(aiogpu.copy(b0, b1))                  # peer gpu1 -> gpu0
-    back = await step(b0.to_numpy(np.uint32))        # device-to-host (gpu0)
+    await step(lambda: aiogpu.copy(b1, src))         # host-to-device (gpu1)
+    await step(lambda: aiogpu.copy(b0, b1))          # peer gpu1 -> gpu0
+    back = await step(lambda: b0.to_numpy(np.uint32))  # device-to-host (gpu0)
     return steps, bool((back == src).all()), counts()
 
 with aiogpu.Runtime("hsa-virtual", gpus=2, sdma_queues=int(sys.argv[1])) as rt:
