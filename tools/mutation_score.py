@@ -91,7 +91,8 @@ def main() -> int:
     known = reasons()
     for name in names:
         if status.get(name) not in KILLED:
-            print(f"  {status.get(name)}: {name}\n      {reason_for(name, known)}")
+            why = "" if name not in status or status[name] == "not checked" else f"\n      {reason_for(name, known)}"
+            print(f"  {status.get(name)}: {name}{why}")
     return 0
 
 
