@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from .errors import (BackendUnavailable, BlockingCallError, CudaError, GPUError, HsaError, InvalidStateError, NotOnCudaError,
-                     OutOfMemoryError, RuntimeClosedError, WatchdogTimeout)
+from .errors import (BackendUnavailable, BlockingCallError, CudaError, DeviceFault, DeviceLost, GPUError, HsaError,
+                     InjectedFault, InvalidStateError, KernelError, MemoryFault, NotOnCudaError, OutOfMemoryError,
+                     RuntimeClosedError, WatchdogTimeout)
 from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
@@ -24,8 +25,9 @@ from .trace import trace
 
 __all__ = ["devices", "runtime", "Runtime", "Device", "Buffer", "Kernel", "kernel", "GPUFuture", "Graph",
            "GraphExec", "GraphNode", "TaskGroup", "Loader", "Batch", "trace", "copy", "gather", "stream_future",
-           "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "RuntimeClosedError",
-           "BackendUnavailable", "BlockingCallError", "InvalidStateError", "NotOnCudaError", "__version__"]
+           "GPUError", "HsaError", "CudaError", "OutOfMemoryError", "WatchdogTimeout", "DeviceLost", "RuntimeClosedError",
+           "BackendUnavailable", "BlockingCallError", "InvalidStateError", "NotOnCudaError", "DeviceFault",
+           "KernelError", "MemoryFault", "InjectedFault", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -41,7 +43,7 @@ def _runtime_of(*sides: Any) -> Runtime:
     raise TypeError("copy needs at least one Buffer (host-to-host copies are NumPy's job)")
 
 
-def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
     """Copy ``src`` into ``dst`` (each a Buffer or a C-contiguous NumPy array of a numeric dtype,
     of equal byte sizes; on CUDA also another library's CUDA array).
 
@@ -54,7 +56,7 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture] = ()) -> GPUFuture:
     return _runtime_of(dst, src).copy(dst, src, after)
 
 
-def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture:
+def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime | None = None) -> GPUFuture[None]:
     """A GPUFuture for everything queued so far on another library's CUDA stream, or for the
     record an event holds now: await PyTorch or CuPy work without ``torch.cuda.synchronize``
     in a thread.
@@ -80,27 +82,28 @@ def stream_future(stream: Any, *, device: Device | None = None, runtime: Runtime
     return rt.stream_future(stream, device=device)
 
 
-def gather(*futures: GPUFuture) -> GPUFuture:
+def gather(*futures: GPUFuture[Any] | GraphNode) -> GPUFuture[None]:
     """One future that settles when every one of ``futures`` has settled and the device is
     done with its work (a device-side join; as trio's nurseries wait for every child, unlike
     ``asyncio.gather``): work ordered after it never overlaps a member. It then fails with the
     error of the first member, in argument order, that failed, else completes."""
     for f in futures:
-        if not isinstance(f, GPUFuture):
+        if not isinstance(f, (GPUFuture, GraphNode)):
             raise TypeError(f"gather takes GPUFutures, got {f!r}")
     graph = next((f.graph for f in futures if isinstance(f, GraphNode)), None)
     if graph is not None:          # graph nodes: a join node, inside their capture only
         return graph.runtime.gather(futures)
-    hubs = {id(f._hub): f._hub for f in futures if f._hub is not None}
+    live = [f for f in futures if isinstance(f, GPUFuture)]    # (here: all of them)
+    hubs = {id(f._hub): f._hub for f in live if f._hub is not None}
     if not hubs:
         from .futures import completed_future
-        failed = next((f._exc for f in futures if f._exc is not None), None)
+        failed = next((f._exc for f in live if f._exc is not None), None)
         return completed_future(None, "gather", failed)
     if len(hubs) > 1:
         raise ValueError("gather takes futures of one runtime")
     owner = next(iter(hubs.values())).owner
     if owner is None:
         raise ValueError("these futures do not belong to a live runtime")
-    return owner.gather(futures)
+    return owner.gather(live)
 
 

@@ -8,9 +8,11 @@ takes one of its *slots* (``_Slots``), so that a burst of completions never make
 (see ``AsyncioPort`` and ``TrioPort``). A callback that raises stops nothing else: on asyncio
 its exception goes to the loop's exception handler, as for any asyncio callback; on trio, which
 has no such handler, it is logged on the ``aiogpu`` logger. KeyboardInterrupt and SystemExit
-from a callback propagate (asyncio: out of the loop, as asyncio does; trio: as its run's
-``TrioInternalError``, trio's way with a failing ``run_sync_soon`` callback), after the rest of
-the batch has been handed to the loop again. Posting to a loop that has closed, or a trio run
+from a callback propagate: on asyncio out of the loop, as asyncio does, after the rest of the
+batch has been handed to the loop again; on trio a KeyboardInterrupt goes to the run as a Ctrl-C
+does (to its main task, so that ``trio.run`` raises it), the rest of the batch handed on at once,
+and a SystemExit ends the run as its ``TrioInternalError`` (trio's way with a failing
+``run_sync_soon`` callback). Posting to a loop that has closed, or a trio run
 that has finished, is dropped silently: the waiter thread never raises.
 """
 from __future__ import annotations
@@ -116,7 +118,9 @@ class _Port:
             if type(item) is Callback:
                 try:
                     item.run()
-                except (SystemExit, KeyboardInterrupt):
+                except (SystemExit, KeyboardInterrupt) as exc:
+                    if self._deliver(exc):
+                        continue
                     self._requeue(items[i + 1:])
                     raise
                 except BaseException as exc:
@@ -126,6 +130,11 @@ class _Port:
 
     def _report(self, callback: Callback, exc: BaseException) -> None:
         raise NotImplementedError
+
+    def _deliver(self, exc: BaseException) -> bool:
+        """A callback raised KeyboardInterrupt or SystemExit: True if the loop was handed it
+        its own way (the rest goes on); False: it propagates from here."""
+        return False
 
     def _wake(self, awaiter: Any) -> None:
         raise NotImplementedError
@@ -349,6 +358,24 @@ class TrioPort(_Port):
     def _report(self, callback: Callback, exc: BaseException) -> None:
         """A done-callback raised: trio has no exception handler, so it is logged."""
         log.error("exception in GPUFuture done-callback %r", callback.fn, exc_info=exc)
+
+    def _deliver(self, exc: BaseException) -> bool:
+        """A KeyboardInterrupt goes to the run as a Ctrl-C does: trio's SIGINT handler, inside
+        KI-protected code such as this drain, calls the runner's ``deliver_ki``
+        (trio/_core/_ki.py, ``KIManager.install``; trio/_core/_run.py, ``Runner.deliver_ki``),
+        which raises it in the main task at its next checkpoint (or out of ``trio.run`` as it
+        ends). Raised from here instead, trio would end the run with TrioInternalError. Where
+        the runner has no ``deliver_ki`` (a trio that changed it), and for SystemExit, it
+        propagates (TrioInternalError)."""
+        if not isinstance(exc, KeyboardInterrupt):
+            return False
+        runner = getattr(getattr(sys.modules.get("trio._core._run"), "GLOBAL_RUN_CONTEXT", None),
+                         "runner", None)
+        deliver = getattr(runner, "deliver_ki", None)
+        if deliver is None:
+            return False
+        deliver()
+        return True
 
     def _wake(self, awaiter: "_TrioAwaiter") -> None:
         if not awaiter.done:              # (not cancelled by a callback before it)

@@ -23,8 +23,12 @@ cycling through a few arrays: pinning each once where it is pays).
 
 A released batch's buffers go back to a pool at once: the next copy into them is ordered after
 the consumer's submitted work on the device (write after read), so a copy can never overwrite
-data a kernel still reads. Leaving the ``async with`` block cancels the producer and waits for
-the copies it started, so none is left writing into a buffer that someone else reuses.
+data a kernel still reads. Leaving the ``async with`` block (at the end of the data, by an
+exception or by cancellation) cancels the producer and waits for the copies it started, so none
+is left writing into a buffer that someone else reuses; then it frees the pool and the batches
+prefetched but never consumed (each buffer's memory goes back once the work that uses it has
+retired), so a loader kept after its block holds no device memory. A batch the consumer still
+holds unreleased stays usable; releasing it after the block frees its buffers.
 """
 from __future__ import annotations
 
@@ -54,6 +58,7 @@ class Batch:
         self.index, self.device, self.data, self.ready = index, device, data, ready
         self._buffers = buffers
         self._released = False
+        self._run = loader._run        # the loader's ``async with`` block it was loaded in
 
     def release(self) -> None:
         """Give the buffers back for later batches (idempotent). Submit your work first."""
@@ -96,8 +101,13 @@ class Loader:
         self.batches = 0
         self.allocated = 0
         self._error: Exception | None = None
+        self._run = 0                 # counts ``async with`` blocks; the pool serves the open one
+        self._open = False
+        self._unclaimed: dict[int, Batch] = {}   # loaded, not yet received by the consumer
 
     async def __aenter__(self) -> "Loader":
+        self._run += 1
+        self._open = True
         self._slots = {id(d): anyio.Semaphore(self.prefetch) for d in self.devices}
         self._send, self._recv = anyio.create_memory_object_stream[Batch](self.prefetch * len(self.devices))
         self._tg = anyio.create_task_group()
@@ -119,21 +129,37 @@ class Loader:
                             await fut
                         except Exception:
                             pass
+            self._open = False
+            self._free_buffers()
             self._recv.close()
             if self._workers is not None:    # (idle: the producer waited for its staging)
                 self._workers.shutdown(wait=False)
                 self._workers = None
+
+    def _free_buffers(self) -> None:
+        """The block is left: free the batches prefetched but never consumed, and the pool
+        (``Buffer.free``: the memory goes back once the work using it has retired)."""
+        unclaimed, self._unclaimed = self._unclaimed, {}
+        for batch in unclaimed.values():  # in the stream, or with a producer task cancelled
+            batch.release()
+        pool, self._pool = self._pool, defaultdict(list)
+        for buffers in pool.values():
+            for buf in buffers:
+                buf.free()
+        self._inflight = []               # (all done: awaited above)
 
     def __aiter__(self) -> "Loader":
         return self
 
     async def __anext__(self) -> Batch:
         try:
-            return await self._recv.receive()
+            batch = await self._recv.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             if self._error is not None:
                 raise self._error
             raise StopAsyncIteration from None
+        del self._unclaimed[batch.index]         # the consumer's from now on
+        return batch
 
     # -- producer ----------------------------------------------------------------------------
     async def _produce(self) -> None:
@@ -188,12 +214,18 @@ class Loader:
                 copies.append(self._started(rt.copy(buf, arr)))
             return buf
 
-        data = _map_structure(put, host)
-        if fresh:
-            copies.extend(await self._stage_uploads(rt, fresh))
-        ready = copies[0] if len(copies) == 1 else rt.gather(copies)
+        try:
+            data = _map_structure(put, host)
+            if fresh:
+                copies.extend(await self._stage_uploads(rt, fresh))
+            ready = copies[0] if len(copies) == 1 else rt.gather(copies)
+        except BaseException:     # (a bad batch, cancellation): no batch will own these
+            for buf in buffers:
+                buf.free()
+            raise
         self.batches += 1
-        return Batch(self, index, device, data, buffers, ready)
+        batch = self._unclaimed[index] = Batch(self, index, device, data, buffers, ready)
+        return batch
 
     def _started(self, fut: GPUFuture) -> GPUFuture:
         """Remember ``fut`` until done: leaving the loader waits for every copy it started."""
@@ -256,6 +288,10 @@ class Loader:
         return device.alloc(nbytes)
 
     def _recycle(self, batch: Batch) -> None:
+        if not self._open or batch._run != self._run:    # released after its block: no pool
+            for buf in batch._buffers:
+                buf.free()
+            return
         for buf in batch._buffers:
             self._pool[(id(batch.device), buf.nbytes)].append(buf)
         self._slots[id(batch.device)].release()

@@ -104,7 +104,7 @@ def defer(rt: Any, device: Any, label: str, reads: list, writes: list, deps: dic
 
 def completed(hub: Any, label: str) -> GPUFuture:
     """A future that is done already (nothing to wait for), with no device work behind it."""
-    fut = GPUFuture(hub, label)
+    fut: GPUFuture[Any] = GPUFuture(hub, label)
     fut._state = DONE
     return fut
 
@@ -183,7 +183,7 @@ def _submit_deferred(rt: Any, fut: Deferred) -> None:
         err = ordering.failed_dependency(deps) if deps else None
         broken = getattr(fut.device, "broken", None)
         if err is None and broken is not None:
-            err = GPUError(f"{fut.label}: {broken}", status=getattr(broken, "status", None))
+            err = ordering.broken_error(fut.label, broken)
     if err is None:
         rt._replaying += 1
         try:

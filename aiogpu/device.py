@@ -10,6 +10,8 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 
 - ``_raw_alloc(size) -> address`` / ``_raw_free(address)``: device memory from the driver;
   ``_raw_alloc`` raises ``OutOfMemoryError`` when there is none.
+- ``_memory_size() -> int | None``: the device's memory in bytes (None: the backend cannot tell);
+  asked once. ``_memory_free() -> int | None``: what is free now (None: cannot tell).
 - ``_load(kernel) -> loaded``: the kernel's code loaded on this device (cached by ``loaded``);
   fast once ``_compile`` has run.
 - ``_needs_compile(kernel) -> bool``: whether loading ``kernel`` must first compile it (slow);
@@ -23,30 +25,47 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 - ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
   built-in fill kernel through ``_submit_kernel``).
 - ``_check_grid(grid, block)``: backend limits beyond the core's (default: none).
+- ``_lane_load(lane) -> int``: how much unretired work a compute lane holds, for ``pick_lane``
+  (default: 0, round-robin).
 - ``_destroy()``: release the device's driver objects (runtime close).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import sys
+import traceback
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
-from . import deferred
+from . import deferred, ordering
 from .errors import OutOfMemoryError
 from .futures import GPUFuture
 from .kernels import Kernel, fill_kernel
-from .memory import Buffer, DeviceMemory
+from .memory import BLOCK, SMALL_LIMIT, Buffer, DeviceMemory, round_up
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
 MAX_GRID = 0xFFFFFFFF
+# A 64-bit address space: the bound on an allocation where the backend cannot tell the device's size.
+ADDRESS_SPACE = 1 << 64
 MAX_WORKGROUP = 1024
 # The largest grid of the built-in copy and fill kernels: a dispatch packet's grid size is a
 # 32-bit count, so larger copies and fills stride (each work-item handles every cap-th item).
 SHADER_GRID_CAP = 1 << 30
+
+
+def _caller_stack(frames: int) -> traceback.StackSummary:
+    """``frames`` frames of the stack above ``Device.alloc``, most recent call last; source
+    lines are read only when the summary is formatted (as tracemalloc, nothing per allocation
+    beyond the frames' names and line numbers)."""
+    stack = traceback.StackSummary.extract(traceback.walk_stack(sys._getframe(2)), limit=frames,
+                                           lookup_lines=False)
+    stack.reverse()
+    return stack
 
 
 def check_dims(name: str, dims: Any, limit: int) -> tuple[int, ...]:
@@ -215,6 +234,12 @@ class Device:
     def _raw_free(self, address: int) -> None:
         raise NotImplementedError
 
+    def _memory_size(self) -> int | None:
+        return None
+
+    def _memory_free(self) -> int | None:
+        return None
+
     def _load(self, kernel: Kernel) -> Any:
         raise NotImplementedError
 
@@ -262,14 +287,18 @@ class Device:
     def alloc(self, nbytes: int) -> Buffer:
         """``nbytes`` of device memory (synchronous, cheap; contents undefined).
 
-        Raises TypeError/ValueError for a bad size, OutOfMemoryError when the device has no room,
-        RuntimeClosedError after ``close()``."""
+        Raises TypeError for a size that is no integer (bool, float, str), ValueError for zero
+        or less, OutOfMemoryError (``requested``, ``free``) when the device has no room (for a
+        size beyond ``memory_size`` before any driver call), RuntimeClosedError after
+        ``close()``."""
         if type(nbytes) is not int:
             if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
                 raise TypeError(f"alloc takes a byte count, got {nbytes!r}")
             nbytes = int(nbytes)
         if nbytes <= 0:
             raise ValueError(f"alloc needs a positive byte count, got {nbytes}")
+        if nbytes > SMALL_LIMIT:       # (only a large request can exceed the device)
+            self._check_room(nbytes)
         rt = self.runtime
         rt.check_open()
         memory = self.memory
@@ -279,7 +308,32 @@ class Device:
             with rt.lock:
                 rt.check_open()
                 address = memory.alloc(nbytes)
-        return Buffer(self, address, nbytes, memory.give_back)
+        buf = Buffer(self, address, nbytes, memory.give_back)
+        if rt.track_allocations:       # (for leak reports: Runtime.leaks names where)
+            buf.allocated_at = _caller_stack(rt.track_allocations)
+        return buf
+
+    @functools.cached_property
+    def memory_size(self) -> int | None:
+        """The device's memory in bytes (None where the backend cannot tell): no allocation
+        larger than this can succeed."""
+        return self._memory_size()
+
+    def _check_room(self, nbytes: int) -> None:
+        """OutOfMemoryError, before any driver call, for ``nbytes`` more than the device has
+        (or than a 64-bit address space holds, where the backend cannot tell): the driver
+        would refuse it, or fail on a size that does not fit its size_t (ROCr's
+        INVALID_ARGUMENT for 2**64, which wraps to 0)."""
+        size = round_up(nbytes, BLOCK)            # what the allocator asks the driver for
+        total = self.memory_size
+        if size <= (total if total is not None else ADDRESS_SPACE - BLOCK):
+            return
+        free = self._memory_free()
+        have = "an unknown amount" if free is None else f"{free} bytes"
+        whole = f"the device's {total} bytes of memory" if total is not None else "a 64-bit address space"
+        asked = "" if size == nbytes else f" ({nbytes} rounded up to whole 2 MiB blocks)"
+        raise OutOfMemoryError(f"{self.name}: out of memory allocating {size} bytes{asked}: more than {whole} "
+                               f"({have} free)", requested=size, free=free)
 
     def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
         """The error a raw allocator raises when the device has no room for ``size`` bytes."""
@@ -289,13 +343,16 @@ class Device:
 
     # -- kernels -------------------------------------------------------------------------------
     def loaded(self, kernel: Kernel) -> Any:
-        """``kernel`` loaded on this device (compiled and loaded once, then cached)."""
+        """``kernel`` loaded on this device (compiled and loaded once, then cached). Raises
+        the device's error if it is broken (a lost device loads nothing: it would never finish)."""
         got = self._kernels.get(kernel)
         if got is None:
+            if self.broken is not None:
+                raise ordering.broken_error(f"loading {kernel.name} on {self.name}", self.broken)
             got = self._kernels[kernel] = self._load(kernel)
         return got
 
-    def load(self, kernel: Kernel) -> GPUFuture:
+    def load(self, kernel: Kernel) -> GPUFuture[None]:
         """Compile and load ``kernel`` on this device, off the event loop: the warm-up of a
         service (``await dev.load(kernel)`` before taking requests).
 
@@ -346,7 +403,7 @@ class Device:
         return fut
 
     def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
-               after: Iterable[GPUFuture] = ()) -> GPUFuture:
+               after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """Dispatch ``kernel`` over ``grid`` work-items in workgroups of ``block``.
 
         Returns at once with a GPUFuture. Bad input raises ValueError/TypeError before anything
@@ -378,14 +435,18 @@ class Device:
         with rt.lock:
             rt.check_open()
             loaded = self._kernels.get(kernel)
+            if loaded is None and self.broken is not None:   # fails it at once, loading nothing
+                return rt.submit_guarded(self, kernel.name, reads, writes, after, self._unreachable)
             if loaded is None:
                 compiling = self._compiling.get(kernel) or self._start_compile(kernel)
                 if compiling is not None and compiling._exc is not None:
                     raise compiling._exc            # it did not compile: bad input, as before
                 if compiling is not None and not compiling.done():
+                    # (``keep`` and ``waits`` travel with it: the foreign arrays stay alive while
+                    # it waits, and it is ordered after their streams when submitted.)
                     return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
-                        self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes),
-                        compile=compiling)
+                        self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes,
+                        keep=keep, waits=waits), compile=compiling)
                 loaded = self.loaded(kernel)
             if not (reads or writes or after) and self.broken is None:
                 # Nothing to order after on a working device: submit_guarded's fast path, without
@@ -394,6 +455,10 @@ class Device:
                                            keep=keep, waits=waits)
             return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
                 loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep=keep, waits=waits))
+
+    @staticmethod
+    def _unreachable(deps: dict) -> GPUFuture:
+        raise AssertionError("submit_guarded submits nothing on a broken device")
 
     def shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service
@@ -415,13 +480,29 @@ class Device:
     # -- lanes ---------------------------------------------------------------------------------
     def pick_lane(self, deps: dict[GPUFuture, Any]) -> Any:
         """The compute lane of the newest live dependency on this device (lane order then
-        suffices for it), else the next compute lane round-robin, so independent work spreads.
-        ``deps``: an operation's dependencies, oldest first (a dict: it reverses in place)."""
-        if not deps:
-            return self.compute[next(self._rr)]
-        for fut in reversed(deps):
-            lane = fut.lane
-            if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
-                    and getattr(lane, "kind", "") == "compute":
+        suffices for it), else the least loaded compute lane (an idle one if there is one; ties
+        in round-robin order), so independent work spreads and never queues behind a long
+        kernel while another lane is free. ``deps``: an operation's dependencies, oldest first
+        (a dict: it reverses in place)."""
+        if deps:
+            for fut in reversed(deps):
+                lane = fut.lane
+                if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
+                        and getattr(lane, "kind", "") == "compute":
+                    return lane
+        lanes = self.compute
+        start = next(self._rr)
+        best, least = None, None
+        for i in range(len(lanes)):
+            lane = lanes[(start + i) % len(lanes)]
+            load = self._lane_load(lane)
+            if load == 0:
                 return lane
-        return self.compute[next(self._rr)]
+            if least is None or load < least:
+                best, least = lane, load
+        return best
+
+    def _lane_load(self, lane: Any) -> int:
+        """How much unretired work ``lane`` holds (0: idle). Default: always 0, so lanes are
+        taken in round-robin order."""
+        return 0

@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, Iterator, TypeVar
 
 from . import _loops
 from ._interrupts import InterruptSafeLock
@@ -32,16 +32,20 @@ submission_scope: contextvars.ContextVar[Any] = contextvars.ContextVar("aiogpu_s
 PENDING, DONE, FAILED = 0, 1, 2
 
 
+_T = TypeVar("_T")
+
 if TYPE_CHECKING:
     # For type checkers, a GPUFuture is an asyncio future (asyncio.wait's stubs ask for one);
     # at run time it only speaks the protocol (it belongs to no loop).
-    _FutureProtocol = _asyncio.Future[Any]
+    _FutureProtocol = _asyncio.Future
 else:
-    _FutureProtocol = object
+    _FutureProtocol = Generic
 
 
-class GPUFuture(_FutureProtocol):
-    """The completion of work submitted to a GPU.
+class GPUFuture(_FutureProtocol[_T]):
+    """The completion of work submitted to a GPU; ``GPUFuture[T]``: ``await`` gives a ``T``
+    (``GPUFuture[np.ndarray]`` from ``to_numpy``, ``GPUFuture[None]`` from ``launch``, ``copy``,
+    ``fill``, ``gather`` and a graph's ``launch``).
 
     Awaitable under asyncio, uvloop and trio (through anyio); ``wait(timeout)`` blocks a plain
     thread. Cancelling a task that awaits it detaches that awaiter only: the GPU work runs on and
@@ -49,15 +53,21 @@ class GPUFuture(_FutureProtocol):
     work, which then waits for it on the device.
 
     It also speaks asyncio's future protocol, so ``asyncio.isfuture``, ``asyncio.wait``,
-    ``asyncio.as_completed``, ``asyncio.gather`` and ``asyncio.shield`` take it directly, on
-    asyncio and uvloop: ``get_loop()`` is the running loop (a GPUFuture belongs to no loop),
-    ``add_done_callback(fn, context=...)`` runs ``fn`` through the calling loop's queue (never
-    inside the call), ``remove_done_callback(fn)`` removes it. GPU work cannot be cancelled:
-    ``cancel()`` changes nothing and returns False (as ``concurrent.futures`` does for running
-    work), ``cancelled()`` is always False. So cancelling what waits for a GPUFuture through
-    asyncio's helpers (a task in ``asyncio.gather``, ``asyncio.wait_for`` on Python 3.11) takes
-    effect once the work has settled; for a timeout that detaches at once, use
-    ``asyncio.wait_for(fut.asyncio(), t)`` (on Python 3.12 and later ``wait_for(fut, t)`` does).
+    ``asyncio.as_completed``, ``asyncio.gather``, ``asyncio.shield`` and ``asyncio.wait_for``
+    take it directly, on asyncio and uvloop: ``get_loop()`` is the running loop (a GPUFuture
+    belongs to no loop), ``add_done_callback(fn, context=...)`` runs ``fn`` through the calling
+    loop's queue (never inside the call), ``remove_done_callback(fn)`` removes it.
+
+    GPU work cannot be cancelled, so a GPUFuture is cancelled *per task* (see ``cancel()``): to
+    the task that cancels it, and to a task being cancelled that waits for it through a
+    done-callback, it looks cancelled from then on while the work runs on; every other waiter
+    sees the work itself. This is how asyncio's helpers pass a cancellation or a timeout down to
+    what a task waits for (``wait_for``'s timeout on Python 3.11, a timeout of 0 on every
+    version, the children of a cancelled ``gather``), so ``asyncio.wait_for(fut, t)``,
+    ``async with asyncio.timeout(t)``, anyio's ``fail_after``, ``asyncio.wait(..., timeout=t)``
+    and a timeout around ``asyncio.gather(...)`` of GPUFutures all raise ``TimeoutError`` on
+    time, leaving the work running with its buffers. ``asyncio()`` gives a separate asyncio
+    future for code that wants one.
     """
 
     # asyncio's duck-typing marker (asyncio.isfuture): a future, never yielded to a task itself.
@@ -68,7 +78,9 @@ class GPUFuture(_FutureProtocol):
 
     __slots__ = ("_hub", "_state", "_exc", "signal", "_ports", "_event", "_callbacks", "_cleanup",
                  "_dependents", "_dep_signals", "preds", "_on_retire", "_retiring", "retired", "label", "value", "device", "kind", "nbytes", "queue", "packet",
-                 "lane", "submitted_at", "keep", "members", "waited", "__weakref__")
+                 "lane", "submitted_at", "keep", "members", "waited", "_views", "__weakref__")
+    # (asyncio.gather reads it of a cancelled child: cancel() keeps no message)
+    _cancel_message = None
 
     def __init__(self, hub: "FutureHub | None", label: str = "", *, signal: int = 0):
         self._hub: Any = hub    # (None only for futures settled at creation)
@@ -101,10 +113,16 @@ class GPUFuture(_FutureProtocol):
         self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
         self.waited = False               # someone waits for it: the waiter wakes for it (hub.arm)
+        # The tasks to which it looks cancelled while pending (see cancel()); usually None.
+        self._views: "weakref.WeakSet[Any] | None" = None
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
-        """True once the work has completed or failed."""
+        """True once the work has completed or failed. Reads the completion itself (the
+        signal) when the waiter has not settled it yet, so it is current for work nobody
+        awaits too."""
+        if self._state == PENDING and self.signal:
+            self._hub.observe(self)
         return self._state != PENDING
 
     def submitted_work(self) -> "GPUFuture | None":
@@ -112,12 +130,16 @@ class GPUFuture(_FutureProtocol):
         submitted as, None until then; see ``deferred``)."""
         return self
 
-    def result(self) -> Any:
-        """The value (None for launches, the array for ``to_numpy``) if the work completed; raises its GPUError if it failed, or InvalidStateError.
+    def result(self) -> _T:
+        """The value (None for launches, the array for ``to_numpy``) if the work completed;
+        raises its GPUError if it failed; while pending, InvalidStateError (CancelledError to a
+        task that cancelled it, see ``cancel()``).
 
         Like ``exception()`` (and ``await``), it marks the failure as *retrieved*: someone saw it
         (see ``aiogpu.TaskGroup``)."""
         if self._state == PENDING:
+            if self._views is not None and _viewing_task() in self._views:
+                raise _asyncio.CancelledError()
             raise InvalidStateError(f"{self!r} is not done")
         if self._exc is not None:
             mark_retrieved(self._exc)
@@ -125,8 +147,11 @@ class GPUFuture(_FutureProtocol):
         return self.value
 
     def exception(self) -> BaseException | None:
-        """The failure (a GPUError), None on success; InvalidStateError while pending."""
+        """The failure (a GPUError), None on success; InvalidStateError while pending
+        (CancelledError to a task that cancelled it, see ``cancel()``)."""
         if self._state == PENDING:
+            if self._views is not None and _viewing_task() in self._views:
+                raise _asyncio.CancelledError()
             raise InvalidStateError(f"{self!r} is not done")
         if self._exc is not None:
             mark_retrieved(self._exc)
@@ -162,7 +187,7 @@ class GPUFuture(_FutureProtocol):
         it failed (the library must not read what it left undefined). NotOnCudaError on a
         backend without CUDA streams; InvalidStateError while the work waits for its kernel's
         compile (await it, or ``await dev.load(kernel)`` first); ValueError for a stream of
-        another GPU context or a graph node; RuntimeClosedError after ``close()``."""
+        another GPU context; RuntimeClosedError after ``close()``."""
         owner = getattr(self._hub, "owner", None)
         if owner is None:
             if self._exc is not None:
@@ -170,14 +195,38 @@ class GPUFuture(_FutureProtocol):
             return
         owner.wait_on(self, stream, device=device)
 
-    def add_done_callback(self, fn: Callable[["GPUFuture"], Any], *, context: Any = None) -> None:
-        """Call ``fn(self)`` once done: on the calling event loop if there is one (scheduled,
-        never called inside this call, as asyncio does), else on the runtime's waiter thread
-        (keep such callbacks short and non-blocking); in ``context`` (a contextvars.Context) if
-        given."""
+    def add_done_callback(self, fn: Callable[["GPUFuture[_T]"], Any], *, context: Any = None) -> None:
+        """Call ``fn(self)`` once done, in ``context`` (a contextvars.Context) if given.
+
+        On an event loop (asyncio, uvloop, trio): scheduled on that loop, never called inside
+        this call, as asyncio does; what it raises goes to the loop's exception handler.
+
+        Without a loop (a plain thread): on a future that is done already, ``fn`` runs inline,
+        before this call returns, and what it raises propagates to the caller. Otherwise it
+        runs once the work has settled, on the thread that settled it: the runtime's waiter
+        thread as a rule, or a thread whose own ``done()``, ``result()``, ``wait()`` or await
+        observed the completion first. Keep such callbacks short, non-blocking and
+        thread-safe. What one raises there (BaseException included) is reported through the
+        ``aiogpu`` logger and stops nothing else: the waiter runs on and later callbacks and
+        futures complete; only a KeyboardInterrupt or SystemExit raised on the main thread
+        (outside the runtime's lock) propagates there, once the callbacks settled with it
+        have run.
+
+        Registered from an asyncio task, it belongs to that task: ``cancel()`` from that task
+        (or while that task is being cancelled) calls it at once, the future then looking
+        cancelled to it."""
         if context is not None:
             fn = _InContext(fn, context)
         port = _loops.current_port()
+        if type(port) is _loops.AsyncioPort:
+            task = _asyncio.current_task()
+            if task is not None:
+                fn = _TaskCallback(fn, task)
+        self._when_done(port, fn)
+
+    def _when_done(self, port: Any, fn: Callable) -> None:
+        """Call ``fn(self)`` on ``port`` (None: on the waiter thread) once done, waking the
+        waiter for it; for the library's own callbacks, which no ``cancel()`` detaches."""
         if self._hub is None or self._state != PENDING:
             self._run_callback(port, fn)
             return
@@ -194,7 +243,7 @@ class GPUFuture(_FutureProtocol):
         else:
             self._callbacks = [(port, fn)]
 
-    def remove_done_callback(self, fn: Callable[["GPUFuture"], Any]) -> int:
+    def remove_done_callback(self, fn: Callable[["GPUFuture[_T]"], Any]) -> int:
         """Remove every registration of ``fn`` not yet handed to its loop; returns how many
         were removed (asyncio's protocol)."""
         if self._hub is None:
@@ -206,26 +255,70 @@ class GPUFuture(_FutureProtocol):
         return removed
 
     def cancel(self, msg: Any = None) -> bool:
-        """GPU work cannot be cancelled: nothing changes; returns False. (Cancel the *task*
-        that awaits the future to stop waiting for it.)"""
-        return False
+        """Cancel this future *for the tasks that stop waiting for it*; the GPU work runs on
+        and keeps its buffers (it cannot be cancelled).
+
+        Those tasks are the calling asyncio task, and every task being cancelled
+        (``Task.cancelling()`` > 0: asyncio's helpers call ``cancel()`` on what such a task
+        waits for) that registered done-callbacks on this future. Their done-callbacks run at
+        once (through their loop's queue, as for any completion); to them, and to those
+        callbacks, the future then looks cancelled while the work is pending: ``cancelled()``
+        True, ``result()`` and ``exception()`` raise CancelledError. ``done()`` stays the
+        work's own state, and every other waiter is unaffected. Such a task's next ``await``
+        of the future waits for the work again; once the work has settled, every task sees its
+        outcome.
+
+        Returns True if it was cancelled for some task; False (nothing changes) when it is
+        done, or when it is called outside a task and no task waiting for it is being
+        cancelled. ``msg`` is ignored."""
+        if self._hub is None or self._state != PENDING:
+            return False
+        caller = _viewing_task()
+        detached: list[tuple[Any, _TaskCallback]] = []
+        with self._hub.state_lock:
+            if self._state != PENDING:
+                return False
+            keep = []
+            for port, fn in self._callbacks:
+                if type(fn) is _TaskCallback and (fn.task is caller or _being_cancelled(fn.task)):
+                    detached.append((port, fn))
+                else:
+                    keep.append((port, fn))
+            tasks = {fn.task for _, fn in detached}
+            if caller is not None:
+                tasks.add(caller)
+            if not tasks:
+                return False
+            self._callbacks = keep
+            if self._views is None:
+                self._views = weakref.WeakSet()
+            self._views.update(tasks)
+        for port, fn in detached:
+            port.post([_CallbackAwaiter(fn.as_task, self)])
+        return True
 
     def cancelled(self) -> bool:
-        """Always False: a GPUFuture completes or fails, it is never cancelled."""
-        return False
+        """True only to a task for which it was cancelled (see ``cancel()``), while the work is
+        pending: a GPUFuture completes or fails, it is never cancelled for everyone."""
+        return (self._state == PENDING and self._views is not None
+                and _viewing_task() in self._views)
+
+    def _make_cancelled_error(self) -> BaseException:
+        """The CancelledError of a cancelled future (asyncio.gather asks a cancelled child)."""
+        return _asyncio.CancelledError()
 
     def get_loop(self) -> _asyncio.AbstractEventLoop:
         """The running asyncio loop (asyncio's protocol: a GPUFuture serves every loop).
         RuntimeError outside a running loop."""
         return _asyncio.get_running_loop()
 
-    def asyncio(self) -> "_asyncio.Future[Any]":
+    def asyncio(self) -> "_asyncio.Future[_T]":
         """A new asyncio future of the running loop that settles as this one does (with its
         result or its exception). Cancelling it detaches it only: the GPU work runs on. For
-        ``asyncio.wait_for`` timeouts on Python 3.11, and other code that cancels what it
-        waits for. RuntimeError outside a running asyncio loop."""
+        code that wants an asyncio future of its own. RuntimeError outside a running asyncio
+        loop."""
         loop = _asyncio.get_running_loop()
-        out: _asyncio.Future[Any] = loop.create_future()
+        out: _asyncio.Future[_T] = loop.create_future()
 
         def settle(fut: GPUFuture) -> None:
             if not out.done():
@@ -234,7 +327,7 @@ class GPUFuture(_FutureProtocol):
                 else:
                     out.set_exception(fut._exc)
 
-        self.add_done_callback(settle)
+        self._when_done(_loops.current_port(), settle)
         return out
 
     def _notify(self, port: Any, fn: Callable[["GPUFuture"], Any]) -> None:
@@ -252,7 +345,7 @@ class GPUFuture(_FutureProtocol):
         else:
             port.post([_CallbackAwaiter(fn, self)])
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, _T]:
         """Wait for the work without blocking the loop; returns ``result()``.
 
         Under trio every await is a checkpoint, also of a future that is already done (trio's
@@ -264,6 +357,8 @@ class GPUFuture(_FutureProtocol):
         if self._state != PENDING:
             yield from _loops.checkpoint()
             return self.result()
+        if self._views is not None:        # this task waits for the work again (see cancel())
+            self._views.discard(_viewing_task())
         port = _loops.current_port()
         if port is None:
             raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
@@ -359,6 +454,54 @@ class _InContext:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _TaskCallback:
+    """A done-callback registered from an asyncio task (see ``GPUFuture.cancel``); equal to the
+    bare callback, so that ``remove_done_callback(fn)`` finds it."""
+
+    __slots__ = ("fn", "task")
+
+    def __init__(self, fn: Callable, task: Any):
+        self.fn, self.task = fn, task
+
+    def __call__(self, fut: Any) -> Any:
+        return self.fn(fut)
+
+    def as_task(self, fut: Any) -> Any:
+        """Run it detached by ``cancel()``: the future looks cancelled to it as to its task."""
+        before = getattr(_acting, "task", None)
+        _acting.task = self.task
+        try:
+            return self.fn(fut)
+        finally:
+            _acting.task = before
+
+    def __eq__(self, other: Any) -> bool:
+        return other is self or other is self.fn or other == self.fn
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+# The task a detached done-callback runs for, on this thread (see _TaskCallback.as_task).
+_acting = threading.local()
+
+
+def _viewing_task() -> Any:
+    """The asyncio task whose view of a future counts here: the one a detached done-callback
+    runs for, else the current task; None outside a task."""
+    task = getattr(_acting, "task", None)
+    if task is not None:
+        return task
+    if _asyncio._get_running_loop() is None:
+        return None
+    return _asyncio.current_task()
+
+
+def _being_cancelled(task: Any) -> bool:
+    """``task`` has a pending cancellation request (``Task.cancelling()``, Python 3.11+)."""
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and not task.done() and cancelling() > 0
+
+
 def mark_retrieved(exc: BaseException) -> None:
     """Note that ``exc`` and the failures it was caused by (its ``__cause__`` chain: a dependent's
     error names the failure it follows from) have been seen by the program."""
@@ -393,7 +536,7 @@ def completed_future(hub: "FutureHub | None", label: str = "",
                      exc: BaseException | None = None) -> GPUFuture:
     """A future that is already done (or failed with ``exc``): an operation of ``hub``'s runtime
     that never ran on the device (traced as such)."""
-    fut = GPUFuture(hub, label)
+    fut: GPUFuture[Any] = GPUFuture(hub, label)
     fut._state = FAILED if exc is not None else DONE
     fut._exc = exc
     if hub is not None and _trace.active is not None:
@@ -485,6 +628,16 @@ class FutureHub:
 
     def poll(self) -> None:
         """Observe completions now, on the calling thread (where the backend can; else no-op)."""
+
+    def observe(self, fut: GPUFuture) -> None:
+        """Settle the pending ``fut`` now if its completion object reads complete, as the
+        waiter's scan does (any thread, without waiting for ``lock``): ``done()`` answers from
+        the device. Not inside this thread's own section of ``lock``: the layers above call
+        ``done()`` there in the middle of a submission (a join whose members are not set yet
+        must not settle), and loop-less callbacks never run inside a holder's section."""
+        key = fut.signal
+        if key and not self.lock.raw._is_owned() and self.is_complete(key):  # type: ignore[attr-defined]
+            self._settle([(key, fut)])
 
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure the waiter is woken when ``fut`` (pending device work that ``arm`` just
@@ -632,14 +785,33 @@ class FutureHub:
             self._thread.join(timeout=5)
         with self.lock:               # (its outermost section runs the backlog)
             pass
-        while self._events:           # (what was left for the waiter)
-            self._run_event(self._events.popleft())
+        while self._events:           # (what was left for the waiter; what they raise is only
+            self._run_event(self._events.popleft())   # reported: closing must finish)
 
-    def _run_event(self, fn: Callable[[], None]) -> None:
+    def _run_event(self, fn: Callable[[], None], callback: Any = None) -> BaseException | None:
+        """Run ``fn`` (an event for the waiter, or ``callback.run``: a done-callback without a
+        loop, a ``_loops.Callback``), reporting whatever it raises, BaseException included,
+        through the ``aiogpu`` logger: it never kills the waiter nor stops what comes after
+        it. Returns a KeyboardInterrupt or SystemExit it raised on the main thread outside a
+        section of ``lock``, for the caller to raise once the rest of its batch has run (it
+        may be a real Ctrl-C: it must not be lost); None otherwise (inside a section, raising
+        would leave its work half done)."""
         try:
             fn()
-        except Exception:  # an event must never kill the waiter
-            log.exception("waiter event failed")
+        except BaseException as exc:  # noqa: BLE001 - see the docstring
+            if callback is None:
+                log.error("waiter event %r failed", fn, exc_info=exc)
+            else:
+                log.error("GPUFuture done-callback %r of %r raised", callback.fn, callback.arg, exc_info=exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)) \
+                    and threading.current_thread() is threading.main_thread() \
+                    and not self.lock.raw._is_owned():  # type: ignore[attr-defined]
+                return exc
+        return None
+
+    def _run_callback_later(self, callback: Any) -> None:
+        """A loop-less done-callback handed to the waiter (``_post``): run it, reported."""
+        self._run_event(callback.run, callback)
 
     def _settle(self, completed: list[tuple[int, GPUFuture]]) -> None:
         """Settle futures whose completion objects read complete (any thread; never waits for
@@ -882,16 +1054,22 @@ class FutureHub:
 
     def _post(self, posts: dict, here: bool = True) -> None:
         """Wake the awaiters in ``posts``: one call per loop; those without a loop (threads'
-        callbacks) run on this thread, or with ``here`` False on the waiter thread."""
+        callbacks) run on this thread, or with ``here`` False on the waiter thread. What such
+        a callback raises is reported (``_run_event``); a KeyboardInterrupt or SystemExit on
+        the main thread, outside a section of ``lock``, is raised here once every loop has its
+        batch and every callback ran."""
+        interrupt = None
         for port, awaiters in posts.items():
             if port is None:
                 for a in awaiters:
                     if here:
-                        self._run_event(functools.partial(a.set_result, None))
+                        interrupt = self._run_event(a.run, a) or interrupt
                     else:
-                        self.post_event(functools.partial(a.set_result, None))
+                        self.post_event(functools.partial(self._run_callback_later, a))
             else:
                 port.post(awaiters)
+        if interrupt is not None:
+            raise interrupt
 
     # -- latency: a short spin on the loop before parking on the waiter -------------------------
     def spin(self, fut: GPUFuture):

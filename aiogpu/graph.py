@@ -6,9 +6,11 @@
     exe = g.instantiate()                # once: per-queue packet lists, kernargs in graph memory
     await exe.launch()                   # one GPUFuture for the whole replay
     await exe.launch(args={a: new_args}) # this replay only, with patched kernel arguments
+    exe.close()                          # (or `with g.instantiate() as exe:`) memory back once replays retired
 
 Edges are the ``after=`` lists plus the buffer hazards between captured operations. This module
-owns the capture (``Graph``, ``GraphNode``) and the executor base (``GraphExec``: the replay front,
+owns the capture (``Graph``; the nodes it returns, ``GraphNode``, are places in it, not
+futures: see capture.py) and the executor base (``GraphExec``: the replay front,
 patch validation, what a replay reads and writes); each backend's executor builds and replays
 (HSA: prebuilt AQL packet lists, ``aiogpu/hsa/graph.py``; CUDA: a CUDA graph,
 ``aiogpu/cuda/graphs.py``). Replays of one executable run in launch order.
@@ -22,30 +24,10 @@ import numpy as np
 from . import capture as _capture
 from . import ordering
 from .device import MAX_GRID, MAX_WORKGROUP, Device, check_args, check_dims
+from .capture import GraphNode
 from .futures import GPUFuture
 from .kernels import Kernel
 from .memory import Buffer
-
-
-class GraphNode(GPUFuture):
-    """A captured operation: usable in ``after=`` inside the capture and as a patch key."""
-
-    __slots__ = ("graph", "kind", "op", "deps", "index")
-
-    def __init__(self, graph: "Graph", kind: str, op: dict, deps: dict, index: int, label: str):
-        super().__init__(None, label)
-        self.graph, self.kind, self.op, self.deps, self.index = graph, kind, op, deps, index
-        self.retired = False
-
-    def __await__(self):
-        raise RuntimeError("a graph node is not awaitable; instantiate the graph and launch it")
-        yield  # pragma: no cover
-
-    def done(self) -> bool:
-        return False
-
-    def wait(self, timeout: float | None = None) -> bool:
-        raise RuntimeError("a graph node is not waitable; instantiate the graph and wait for a replay")
 
 
 class Graph:
@@ -125,33 +107,75 @@ class Graph:
 class GraphExec:
     """An instantiated graph. ``launch()`` replays it and returns one GPUFuture.
 
-    Backends implement ``_replay(patches)`` (under the runtime lock; the patches are checked)
-    and ``destroy()`` (free the executable; the runtime calls it at close)."""
+    What it holds on the device (HSA: kernarg memory and host-memory locks; CUDA: the CUDA
+    graph and its executable) is given back once it is closed (``close()``, or the end of
+    ``with graph.instantiate() as exe:``) or collected, and its last replay has retired: never
+    while a replay may still read it. Otherwise at ``Runtime.close``.
+
+    Backends implement ``_replay(patches)`` (under the runtime lock; the patches are checked),
+    ``_release()`` (give back what the executable holds; under the lock, after its last
+    replay retired) and ``destroy()`` (free the executable; the runtime calls it at close)."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
         self.runtime = graph.runtime
         self.nodes = list(graph.nodes)
         self.replays = 0
+        self.closed = False
+        self._live = 0            # replays launched and not yet retired
         self._unpatched: tuple[list, list, list] | None = None   # see _unpatched_buffers
+
+    def close(self) -> None:
+        """Give back what the executable holds once its launched replays have retired (they
+        run on, and complete, as launched). Later ``launch`` calls raise ValueError.
+        Idempotent; never blocks."""
+        rt = self.runtime
+        with rt.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if self._live == 0 and not rt.closed:
+                self._release()
+
+    def __enter__(self) -> "GraphExec":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _replay_retired(self) -> None:
+        """One launched replay retired (under the lock): the last one of a closed executable
+        releases it."""
+        self._live -= 1
+        if self._live == 0 and self.closed and not self.runtime.closed:
+            self._release()
+
+    def _release(self) -> None:
+        """Give back what the executable holds (under the lock; no replay is left to read it)."""
 
     def launch(self, args: Mapping[GraphNode, tuple] | None = None, *,
                grid: Mapping[GraphNode, Any] | None = None,
-               block: Mapping[GraphNode, Any] | None = None) -> GPUFuture:
+               block: Mapping[GraphNode, Any] | None = None) -> GPUFuture[None]:
         """Replay the graph; returns one GPUFuture that completes when every node has.
 
         ``args``/``grid``/``block`` patch launch nodes for this replay only. They are checked
         (signature, devices, dimensions) before anything is submitted (TypeError/ValueError).
+        ValueError once the executable is closed; RuntimeClosedError once the runtime is.
         """
         rt = self.runtime
         patches = self._check_patches(args or {}, grid or {}, block or {})
         with rt.lock:
             rt.check_open()
+            if self.closed:
+                raise ValueError("this graph executable is closed")
             reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
             fut = rt.submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
                 patches, deps, reads, writes, keep, label))
             self.replays += 1
+            if not fut.retired:   # (a replay failed at once for a failed input ran nothing)
+                self._live += 1
+                fut.on_retired(self._replay_retired)
             return fut
 
     def home_device(self) -> Device:
@@ -213,10 +237,16 @@ class GraphExec:
             if node.kind == "launch":
                 args = patches.get(node, {}).get("args", node.op["args"])
                 kernel = node.op["kernel"]
+                kreads, kwrites = kernel.reads, kernel.writes
                 for i, a in enumerate(args):
                     if isinstance(a, Buffer):
                         a.check_usable()
-                        (writes if i in kernel.writes else reads).append(a)
+                        # As an ordinary launch: a ``T*`` is read and written (a failed earlier
+                        # writer fails the replay), an ``out T*`` only written.
+                        if i in kreads:
+                            reads.append(a)
+                        if i in kwrites:
+                            writes.append(a)
             elif node.kind in ("copy", "shader-copy"):
                 for side, bucket in (("src", reads), ("dst", writes)):
                     s = node.op[side]

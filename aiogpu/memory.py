@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from .errors import NotOnCudaError, RuntimeClosedError
+
+if TYPE_CHECKING:
+    from .futures import GPUFuture
 
 BLOCK = 2 << 20          # 2 MiB: huge-page size, the unit of every allocation from the driver
 MIN_PIECE = 256
@@ -42,7 +45,9 @@ class BuddyAllocator:
     a fully free one back. The runtime lock guards it, except ``take_cached`` and ``recycle``,
     which any thread may call at any time (each is a few operations that the GIL makes atomic:
     a list pop or append and a dict store or delete, on state no other method leaves
-    half-changed between two such operations).
+    half-changed between two such operations). So the methods under the lock take a cached
+    piece with one pop, never a test of the list and then a pop: ``take_cached`` may empty it
+    in between.
     """
 
     def __init__(self, get_block: Callable[[], int], put_block: Callable[[int], None]):
@@ -63,9 +68,11 @@ class BuddyAllocator:
         order = MIN_ORDER if nbytes <= MIN_PIECE else (nbytes - 1).bit_length()   # (order_for, inline)
         if order > BLOCK_ORDER:
             raise ValueError(f"{nbytes} bytes is too large for the sub-allocator")
-        cached = self._cache[order]
-        if cached:
-            addr = cached.pop()
+        try:        # (a bare pop, never a look then a pop: take_cached may empty the list between)
+            addr = self._cache[order].pop()
+        except IndexError:
+            pass
+        else:
             self._used[addr] = order
             return addr
         free = self._free
@@ -133,8 +140,12 @@ class BuddyAllocator:
     def flush(self) -> None:
         """Merge every cached piece back into the buddy lists (whole free blocks go back)."""
         for order, cached in enumerate(self._cache):
-            while cached:
-                self._merge(cached.pop(), order)
+            while True:     # (pop until empty: take_cached may take from the list meanwhile)
+                try:
+                    addr = cached.pop()
+                except IndexError:
+                    break
+                self._merge(addr, order)
 
     @property
     def used(self) -> int:
@@ -267,6 +278,11 @@ class DeviceMemory:
         self.large.clear()
 
     @property
+    def driver_bytes(self) -> int:
+        """Bytes held from the driver (in use or cached for reuse)."""
+        return sum(self._sizes.values())
+
+    @property
     def allocations(self) -> int:
         """Live allocations, small and large (a leak counter)."""
         return self.small.used + len(self.large)
@@ -330,7 +346,12 @@ class Buffer:
     ``base`` (the allocation) alive, and is unusable once the base is freed. GPU work on views
     is ordered by the bytes it touches: work on disjoint views of one buffer may overlap,
     overlapping views are ordered as one buffer is.
+
+    ``allocated_at``: where ``Device.alloc`` made it (a ``traceback.StackSummary``) when its
+    runtime tracks allocations (``Runtime.track_allocations``), else None.
     """
+
+    allocated_at: Any = None     # (a class default: set per buffer only while tracking)
 
     def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
         self.device = device
@@ -503,14 +524,14 @@ class Buffer:
                 self.device.memory.drain()
 
     # -- data ----------------------------------------------------------------------------------
-    def to_numpy(self, dtype: Any = None) -> Any:
+    def to_numpy(self, dtype: Any = None) -> "GPUFuture[np.ndarray]":
         """A GPUFuture whose result is a new NumPy array holding a copy of the buffer.
 
         With no ``dtype``: the view's dtype and shape (uint8 bytes for a raw buffer); with one,
         a one-dimensional array of the bytes as ``dtype``. The array lives in the runtime's
         pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
-        closed. TypeError for a non-numeric dtype, ValueError when the buffer is not a whole
-        number of elements or was freed."""
+        closed. TypeError for a non-numeric dtype or inside a graph capture, ValueError when the
+        buffer is not a whole number of elements or was freed."""
         self.check_usable()
         if dtype is None:
             dtype, shape = self.dtype, self._shape
@@ -520,18 +541,22 @@ class Buffer:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
-        capturing = rt.capturing() is not None
+        if rt.capturing() is not None:
+            # Nothing would fill the new array until a replay, and every replay would overwrite
+            # it: a graph copies into host memory the caller owns.
+            raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
+                            "your own, aiogpu.copy(out, buf), and read it after each replay")
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
             rt.check_open()
             out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
             if len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
-            fut = rt.copy(out, self) if capturing else rt.download(self, out, address, ptr)
+            fut = rt.download(self, out, address, ptr)
         fut.value = out
         return fut
 
-    def fill(self, value: int, *, after: Any = ()) -> Any:
+    def fill(self, value: int, *, after: Any = ()) -> "GPUFuture[None]":
         """Fill with a repeated 32-bit ``value`` (device-side; nbytes and, for a view, its offset
         must be multiples of 4)."""
         return self.device.runtime.fill(self, value, after=after)

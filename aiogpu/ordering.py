@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from typing import Any, Iterable
 
-from .errors import GPUError
+from .errors import DeviceLost, GPUError
 from .futures import GPUFuture
 from .memory import Buffer
 
@@ -328,6 +328,16 @@ def failed_dependency(deps: dict[GPUFuture, bool]) -> GPUError | None:
     return None
 
 
+def broken_error(label: str, broken: BaseException) -> GPUError:
+    """The error of an operation offered to a broken device (``Device.broken``): of the
+    broken error's kind (DeviceLost for a lost one), so callers can tell what happened."""
+    kind = DeviceLost if isinstance(broken, DeviceLost) else GPUError
+    err = kind(f"{label}: {broken}", status=getattr(broken, "status", None))
+    if kind is DeviceLost:
+        err.__cause__ = broken
+    return err
+
+
 def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable[Any]) -> GPUFuture:
     """A future for work not submitted because an input failed. It still becomes the last
     writer of what the work would have written: that memory now holds no defined result, so its
@@ -348,8 +358,8 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     return fut
 
 
-def record(fut: GPUFuture, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
-    """Make ``fut`` the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
+def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
+    """Make ``fut`` (a GPUFuture, or a GraphNode at capture) the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
     (what it waits for) are remembered in case it fails without running."""
     preds = fut.preds
     for d in deps:

@@ -20,7 +20,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from .errors import GPUError
+from .errors import DeviceLost, GPUError
 from .hsa_bindings import atomics
 from .hsa_bindings import packets as P
 from .hsa_bindings import types as T
@@ -139,6 +139,7 @@ class AqlQueue:
         self.generation = 0
         self.errors: list[str] = []    # what failed it, newest last (text: no traceback cycles)
         self.published = 0
+        self.lost: GPUError | None = None   # the device is lost: no HSA queue, nothing accepted
         self._draining = False         # drain() is running (a failed group may retire inside it)
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
@@ -206,16 +207,21 @@ class AqlQueue:
     def _publish(self, group: PacketGroup) -> bool:
         """``_try_publish``, except that a group that cannot be written (an unexpected error;
         the waiter thread may be the caller) fails its futures: True when it is done with."""
-        try:
-            return self._try_publish(group)
-        except Exception as exc:  # noqa: BLE001 - becomes the failure of the work concerned
-            err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
-                           queue=self.name)
-            err.__cause__ = exc
-            for fut in [group.future, *(f for f, _ in group.marks)]:
-                self.hub.fail(fut, err)
-                self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
-            return True
+        if self.lost is not None:      # the device is lost: nothing of it runs any more
+            err: GPUError = DeviceLost(f"{group.future.label}: {self.lost}", status=self.lost.status,
+                                       queue=self.name)
+            err.__cause__ = self.lost
+        else:
+            try:
+                return self._try_publish(group)
+            except Exception as exc:  # noqa: BLE001 - becomes the failure of the work concerned
+                err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
+                               queue=self.name)
+                err.__cause__ = exc
+        for fut in [group.future, *(f for f, _ in group.marks)]:
+            self.hub.fail(fut, err)
+            self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
+        return True
 
     def _parts(self, group: PacketGroup) -> list[PacketGroup]:
         """``group`` as parts that each fit the ring, in order. Each part but the last ends with
@@ -354,8 +360,10 @@ class AqlQueue:
                 err.__cause__ = emulator.queue_error_cause(self.id)
             self.abort(err, None)
 
-    def abort(self, err: GPUError, failed_at: int | None = None) -> None:
-        """Destroy the HSA queue, settle every operation on it and replace it (under lock).
+    def abort(self, err: GPUError, failed_at: int | None = None, *, lost: GPUError | None = None) -> None:
+        """Destroy the HSA queue, settle every operation on it and replace it (under lock);
+        with ``lost`` (the device is lost: a new queue would never run) it is not replaced, and
+        every group submitted later fails at once with ``lost``.
 
         An operation whose completion signal already reads complete completed before the error
         and completes normally. Of the others, one is blamed with ``err``'s status: the one whose
@@ -379,6 +387,7 @@ class AqlQueue:
         pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
         blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
+        kind = DeviceLost if lost is not None else GPUError
         for fut, (first, last) in pending:
             if blamed is not None and fut is blamed[0]:
                 self.hub.fail(fut, err if failed_at is not None else _caused_by(err.__cause__ or err, GPUError(
@@ -389,14 +398,20 @@ class AqlQueue:
                     f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} ({why}) before it "
                     f"completed", status=err.status, queue=self.name, packet=last)))
             else:
-                self.hub.fail(fut, _caused_by(err.__cause__ or err, GPUError(
+                self.hub.fail(fut, _caused_by(err.__cause__ or err, kind(
                     f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last)))
-        for group in parked:
-            self.hub.fail(group.future, _caused_by(err, GPUError(
-                f"{group.future.label}: queue {self.name} failed ({why}) before it was submitted",
+        # A parked group's marks (graph nodes whose completions other lanes, engines and
+        # devices wait for) fail with it: none of its packets will be published.
+        unsent = [f for g in parked for f in (g.future, *(m for m, _ in g.marks))]
+        for fut in unsent:
+            self.hub.fail(fut, _caused_by(err, kind(
+                f"{fut.label}: queue {self.name} failed ({why}) before it was submitted",
                 status=err.status, queue=self.name)))
-        for fut in [f for f, _ in pending] + [g.future for g in parked]:
+        for fut in [f for f, _ in pending] + unsent:
             self.hub.retire_failed(fut)
+        if lost is not None:
+            self.lost = lost
+            return
         self._create()
         # Work submitted meanwhile (a done-callback without a loop runs inside ``fail`` above, on
         # this thread) was parked while the queue was broken; no retirement on the new queue
@@ -421,10 +436,29 @@ def _caused_by(cause: BaseException, err: GPUError) -> GPUError:
     return err
 
 
-class CopyEngines:
-    """The SDMA engines of one device, chosen per copy direction from what ROCr reports.
+ROCR_CHOICE = 0   # "engine" of a copy whose blit ROCr picks: hsa_amd_memory_async_copy
 
-    ROCr's ``hsa_amd_memory_copy_engine_status`` answers per direction (ROCr:
+
+class CopyEngines:
+    """The copy engines of one device: how a copy this device runs reaches ROCr's SDMA queues.
+
+    The core's direction rule already made this device the one ROCr copies with: the source GPU,
+    the destination for host-to-device (ROCr: ``Runtime::CopyMemory``, ``copy_agent = src_gpu ?
+    src_agent : dst_agent``). Two libraries:
+
+    **ROCr 5.2.3** (no ``hsa_amd_memory_async_copy_on_engine`` nor
+    ``hsa_amd_memory_copy_engine_status``): ``pick`` answers ``ROCR_CHOICE`` for any copy between
+    two agents and ``submit`` calls ``hsa_amd_memory_async_copy`` with the copy's real agents.
+    ROCr then runs it on the copy agent's blit for that direction (``GpuAgent::DmaCopy`` ->
+    ``GetBlitObject``: host-to-device, device-to-host (also PCIe peer copies), or an xGMI peer
+    blit), an SDMA queue created at first use, or, when it could not create one (none left in
+    KFD, SDMA disabled), a blit kernel on its own queue of that agent (``GpuAgent::InitDma``'s
+    blit_lambda falls back to ``CreateBlitKernel``); a busy blit takes the copy behind its work.
+    Only a copy within one device (ROCr's device-to-device blit is a blit kernel too, so aiogpu's
+    own copy kernel on its compute lane does the same work with no cross-queue wait) and the
+    copy call's OUT_OF_RESOURCES (ROCr could create no blit at all) leave a shader copy.
+
+    **ROCm 5.7 and later**: ``hsa_amd_memory_copy_engine_status`` answers per direction (ROCr:
     GpuAgent::DmaCopyStatus): which engines may serve it (xGMI peers only xGMI engines; on
     gfx90a engine 0 host-to-device only) and which of those are free; INVALID_AGENT for a copy
     within one agent, OUT_OF_RESOURCES when none is free. An engine never used is reported free
@@ -435,12 +469,13 @@ class CopyEngines:
     - with none free, the copy queues behind a busy engine that was reported free for this
       direction *after* it had been used (so it is a real SDMA queue), if there is one;
     - otherwise (never reported free after use: busy or a blit kernel; a copy within one
-      device; a library without the engine calls) ``pick`` returns None and the caller runs a
-      shader copy. The copy call's own OUT_OF_RESOURCES (ROCr cannot even create its blit
-      kernel) also makes ``submit`` return None, and so does INVALID_ARGUMENT for an engine the
-      status reported: ROCr's status and copy checks disagree in one corner (a single-engine
-      gfx90a reports its device-to-host queue as engine 0, which the copy then refuses), so the
-      engine is dropped for that direction.
+      device) ``pick`` returns None and the caller runs a shader copy. The copy call's own
+      OUT_OF_RESOURCES (ROCr cannot even create its blit kernel) also makes ``submit`` return
+      None, and so does INVALID_ARGUMENT for an engine the status reported: ROCr's status and
+      copy checks disagree in one corner (a single-engine gfx90a reports its device-to-host
+      queue as engine 0, which the copy then refuses), so the engine is dropped for that
+      direction, and every later copy given it (a graph chose it at instantiation) is a shader
+      copy without asking again.
     """
 
     def __init__(self, api: Any, agent: Any, name: str):
@@ -451,7 +486,16 @@ class CopyEngines:
         self.proven: set[int] = set()                      # reported free after use: SDMA queues
         self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
         self.lost = False                                  # evicted after a memory fault: never again
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, int] = {}                   # copies submitted, by engine name
+
+    @property
+    def rocr_picks(self) -> bool:
+        """True on a library without the engine calls (ROCr 5.2.3): ROCr picks each copy's blit."""
+        return not self.api.has_engine_copy
+
+    def runs(self, queue: str | None) -> bool:
+        """Whether ``queue`` (a future's ``queue``) names one of these engines."""
+        return queue is not None and queue.startswith((f"{self.name}.sdma", f"{self.name}.rocr-"))
 
     def lose(self) -> None:
         """The device faulted and KFD evicted its SDMA queues; ROCr never recreates them (it
@@ -467,11 +511,24 @@ class CopyEngines:
         status = self.api.hsa_amd_memory_copy_engine_status(dst_agent, src_agent, ctypes.byref(mask))
         return T.sdma_engine_bits(mask.value) if status == T.HSA_STATUS_SUCCESS else []
 
+    def may_take(self, dst_agent: Any, src_agent: Any) -> bool:
+        """Whether ``pick`` would answer an engine now (no side effects: nothing is chosen)."""
+        if self.lost:
+            return False
+        if self.rocr_picks:
+            return dst_agent.handle != src_agent.handle
+        direction = (dst_agent.handle, src_agent.handle)
+        if any((*direction, e) not in self.refused for e in self.free_engines(dst_agent, src_agent)):
+            return True
+        return any(e in self.proven for e in self.seen.get(direction, ()))
+
     def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
-        """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, or None: run a
-        shader copy (see the class docstring)."""
+        """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, ``ROCR_CHOICE``
+        (ROCr picks), or None: run a shader copy (see the class docstring)."""
         if self.lost:
             return None
+        if self.rocr_picks:
+            return None if dst_agent.handle == src_agent.handle else ROCR_CHOICE
         direction = (dst_agent.handle, src_agent.handle)
         free = [e for e in self.free_engines(dst_agent, src_agent) if (*direction, e) not in self.refused]
         if free:
@@ -495,22 +552,44 @@ class CopyEngines:
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
                deps: list[int], completion: int) -> str | None:
-        """Start the copy on ``engine``; its name, or None (run a shader copy instead) if the
-        engines were lost to a memory fault (a graph chose ``engine`` before) or ROCr reports
-        OUT_OF_RESOURCES. Raises HsaError for any other failure."""
+        """Start the copy on ``engine`` (``ROCR_CHOICE``: on the blit ROCr picks); its name, or
+        None (run a shader copy instead) if the engines were lost to a memory fault (a graph
+        chose ``engine`` before), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for
+        this direction. Raises HsaError for any other failure."""
         if self.lost:
             return None
+        direction = (dst_agent.handle, src_agent.handle)
+        if (*direction, engine) in self.refused:
+            return None
         arr = (T.hsa_signal_t * len(deps))(*[T.hsa_signal_t(h) for h in deps]) if deps else None
+        if engine == ROCR_CHOICE:
+            status = self.api.hsa_amd_memory_async_copy(dst, dst_agent, src, src_agent, nbytes, len(deps), arr,
+                                                        T.hsa_signal_t(completion))
+            if status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+                return None
+            self.api.check(status, "hsa_amd_memory_async_copy")
+            return self._count(f"{self.name}.rocr-{self._role(dst_agent, src_agent)}")
         status = self.api.hsa_amd_memory_async_copy_on_engine(
             dst, dst_agent, src, src_agent, nbytes, len(deps), arr, T.hsa_signal_t(completion), engine, True)
         if status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
             return None
-        if status == T.HSA_STATUS_ERROR_INVALID_ARGUMENT and engine in self.seen.get(
-                (dst_agent.handle, src_agent.handle), ()):
-            self.refused.add((dst_agent.handle, src_agent.handle, engine))
-            self.seen[(dst_agent.handle, src_agent.handle)].discard(engine)
+        if status == T.HSA_STATUS_ERROR_INVALID_ARGUMENT and engine in self.seen.get(direction, ()):
+            self.refused.add((*direction, engine))
+            self.seen[direction].discard(engine)
             return None
         self.api.check(status, "hsa_amd_memory_async_copy_on_engine")
-        label = f"{self.name}.sdma{engine.bit_length() - 1}"
+        return self._count(f"{self.name}.sdma{engine.bit_length() - 1}")
+
+    def _role(self, dst_agent: Any, src_agent: Any) -> str:
+        """The blit ROCr picks (GpuAgent::GetBlitObject), named by its role: a PCIe peer copy
+        runs on the source's device-to-host blit, behind that blit's device-to-host copies and
+        they behind it, so it carries that blit's name (the watchdog orders an engine's work by
+        name: a copy queued behind a stalled one is held up, not silent). In an xGMI hive ROCr
+        runs peer copies on its xGMI blits instead; aiogpu does not tell the two apart, and
+        sharing the name then only makes the watchdog start a peer copy's clock once the older
+        device-to-host copies have completed, never too early."""
+        return "h2d" if src_agent.handle != self.agent.handle else "d2h"
+
+    def _count(self, label: str) -> str:
         self.counts[label] = self.counts.get(label, 0) + 1
         return label

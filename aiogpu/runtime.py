@@ -39,16 +39,18 @@ import importlib
 import os
 import threading
 import time
+import traceback
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, Callable, ClassVar, Iterable, NamedTuple
 
 import numpy as np
 
+from . import _loops
 from . import capture as _capture
 from . import deferred, ordering
 from .device import Device
-from .errors import BackendUnavailable, GPUError, InvalidStateError, NotOnCudaError, RuntimeClosedError
+from .errors import BackendUnavailable, BlockingCallError, GPUError, InvalidStateError, NotOnCudaError, RuntimeClosedError
 from .futures import FutureHub, GPUFuture, completed_future
 from .hostpool import PinnedPool
 from .kernels import copy_kernel
@@ -72,6 +74,68 @@ FIXES: dict[str, str] = {
 }
 # Counters that return to zero when nothing is pending: what a leak check looks at.
 LEAK_KEYS = ("pending", "signals_in_use", "kernarg_in_use", "backlog", "host_locks", "deferred")
+# Frames of each allocation's call stack a runtime records (0: none), as PYTHONTRACEMALLOC.
+TRACK_ALLOCS_ENV = "AIOGPU_TRACK_ALLOCS"
+
+
+def allocation_frames() -> int:
+    """``AIOGPU_TRACK_ALLOCS``: how many frames of each ``Device.alloc``'s call stack a new
+    runtime records for its leak reports (unset or 0: none). ValueError naming the variable for
+    anything but a non-negative integer."""
+    raw = os.environ.get(TRACK_ALLOCS_ENV, "").strip()
+    if not raw:
+        return 0
+    try:
+        frames = int(raw)
+    except ValueError:
+        frames = -1
+    if frames < 0:
+        raise ValueError(f"{TRACK_ALLOCS_ENV} must be a number of frames (0: off), got {raw!r}")
+    return frames
+
+
+class HeldBuffer(NamedTuple):
+    """A device allocation alive at a leak check: ``description`` (its repr), ``nbytes``,
+    ``device`` (its name), ``address``, ``users`` (operations still using it), and
+    ``allocated_at``: where ``Device.alloc`` was called (a ``traceback.StackSummary``, most
+    recent call last), or None when the runtime did not track allocations."""
+
+    description: str
+    nbytes: int
+    device: str
+    address: int
+    users: int
+    allocated_at: traceback.StackSummary | None
+
+
+class Leaks(dict):
+    """What ``Runtime.leaks`` found: the non-zero counters by name (a dict: empty when
+    nothing leaked; ``buffers`` counts live allocations) and ``held``, a HeldBuffer for each
+    allocation still alive (descriptions only: the report keeps no buffer alive).
+    ``describe()`` is the text to show a person."""
+
+    def __init__(self, counts: dict, held: Iterable[HeldBuffer] = ()):
+        super().__init__(counts)
+        self.held = list(held)
+
+    def describe(self) -> str:
+        """The counters, then each held buffer with where it was allocated."""
+        if not self:
+            return "nothing leaked"
+        lines = [", ".join(f"{key}: {value}" for key, value in self.items())]
+        untracked = False
+        for h in self.held:
+            users = f", used by {h.users} pending operation(s)" if h.users else ""
+            lines.append(f"{h.description}{users}")
+            if h.allocated_at is None:
+                untracked = True
+                continue
+            lines.append("  allocated at (most recent call last):")
+            lines.extend("  " + line for line in "".join(h.allocated_at.format()).rstrip("\n").split("\n"))
+        if untracked:
+            lines.append(f"(where each buffer was allocated: set {TRACK_ALLOCS_ENV}=N, or "
+                         f"Runtime.track_allocations = N, to record N frames of each allocation)")
+        return "\n".join(lines)
 
 
 def resolve_backend(backend: str | None) -> str | None:
@@ -201,7 +265,9 @@ class Runtime:
     def check_shared_options(*, queues_per_device: Any, watchdog_s: Any, spin_s: Any,
                              copy_engines: Any) -> None:
         """The values of the options every backend takes, checked before anything starts:
-        TypeError for a wrong type, ValueError for a value out of range (naming the option)."""
+        TypeError for a wrong type, ValueError for a value out of range (naming the option),
+        and for a bad ``AIOGPU_TRACK_ALLOCS``."""
+        allocation_frames()
         if isinstance(queues_per_device, bool) or not isinstance(queues_per_device, int):
             raise TypeError(f"queues_per_device must be an integer, got {queues_per_device!r}")
         if queues_per_device < 1:
@@ -217,6 +283,7 @@ class Runtime:
         self.backend, self.reason = self._chosen
         self.closed = False
         self.copy_engines = bool(copy_engines)
+        self.shader_copies = 0            # copies run as the built-in copy kernel (stats)
         self.hub = hub
         hub.owner = self
         self.lock = hub.lock
@@ -228,6 +295,8 @@ class Runtime:
         self._replaying = 0               # > 0 while deferred work is being submitted
         self._compiler: Any = None        # the compile worker threads (created at first use)
         self._abandoning = False          # close gave up waiting: deferred work fails
+        # Frames of each allocation's stack to record for leak reports (0: none; cheap to test).
+        self.track_allocations = allocation_frames()
 
     # -- state ---------------------------------------------------------------------------------
     def check_open(self) -> None:
@@ -244,7 +313,7 @@ class Runtime:
         A graph node is accepted only inside its capture. Another library's CUDA stream or
         event (``is_cuda_sync``) becomes ``stream_future(it)`` now: the work waits, on the
         device, for what was queued there before this call (NotOnCudaError off CUDA)."""
-        if isinstance(after, GPUFuture) or is_cuda_sync(after):
+        if isinstance(after, (GPUFuture, _capture.GraphNode)) or is_cuda_sync(after):
             after = [after]
         try:
             items = list(after)
@@ -253,21 +322,22 @@ class Runtime:
         capture = None
         for i, f in enumerate(items):
             if not isinstance(f, GPUFuture):
+                if isinstance(f, _capture.GraphNode):
+                    capture = capture or self.capturing()
+                    if capture is None:
+                        raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
+                                         f"wait for a replay's future instead")
+                    continue
                 if not is_cuda_sync(f):
                     raise TypeError(f"after= takes GPUFutures (or CUDA streams and events of torch or "
                                     f"CuPy), got {f!r}")
                 items[i] = f = self.stream_future(f)
-            if getattr(f, "graph", None) is not None:
-                capture = capture or self.capturing()
-                if capture is None:
-                    raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
-                                     f"wait for a replay's future instead")
-            elif f._hub is not None and f._hub is not self.hub:
+            if f._hub is not None and f._hub is not self.hub:
                 raise ValueError(f"{f!r} belongs to another runtime")
         return items
 
     # -- other libraries' CUDA streams and events ------------------------------------------------
-    def stream_future(self, stream: Any, *, device: Device | None = None) -> GPUFuture:
+    def stream_future(self, stream: Any, *, device: Device | None = None) -> GPUFuture[None]:
         """See ``aiogpu.stream_future``."""
         if self.capturing() is not None:
             raise ValueError("a graph cannot capture a wait on another library's stream or event; "
@@ -279,8 +349,6 @@ class Runtime:
     def wait_on(self, fut: GPUFuture, stream: Any, *, device: Device | None = None) -> None:
         """See ``GPUFuture.wait_on``: the rule (what can wait) here, the driver calls in the
         backend's ``_wait_on``."""
-        if getattr(fut, "graph", None) is not None:
-            raise ValueError(f"{fut!r} is a node of a captured graph; wait on a replay's future instead")
         with self.lock:
             self.check_open()
             self._foreign_check(stream)
@@ -327,7 +395,7 @@ class Runtime:
         else:                                     # the fast path: nothing to order after
             deps, err = {}, None
         if err is None and device.broken is not None:
-            err = GPUError(f"{label}: {device.broken}", status=getattr(device.broken, "status", None))
+            err = ordering.broken_error(label, device.broken)
         if err is not None:
             return ordering.failed_without_running(self.hub, label, err, writes)
         if deps or compile is not None:          # (deferred work in deps: its submitted work)
@@ -382,7 +450,7 @@ class Runtime:
             fut._cleanup = [*fut._cleanup, functools.partial(_retired, self.hazards, cleanup, roots, hosts)]
 
     # -- copies --------------------------------------------------------------------------------
-    def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+    def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``aiogpu.copy``."""
         nbytes = self._check_copy(dst, src)
         after = self.check_after(after) if after else []
@@ -398,7 +466,7 @@ class Runtime:
             label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
             return self.submit_copy(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
 
-    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture:
+    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
         """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
         ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
         open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
@@ -424,7 +492,32 @@ class Runtime:
         if fresh_dst:
             rw, writes = (reads, writes), []
         return self.submit_guarded(op.device, op.label, reads, writes, after,
-                                   functools.partial(self._run_copy, op), deferred_rw=rw)
+                                   functools.partial(self._run_copy, op), deferred_rw=rw,
+                                   compile=self._copy_kernel_compile(op))
+
+    def _copy_kernel_compile(self, op: CopyOp) -> Any:
+        """The compile of the built-in copy kernel when ``op`` would run as a shader copy now
+        and that kernel is not loaded on its device yet (None otherwise): the copy is then
+        deferred behind it, as a launch is behind its kernel's compile, so comgr or NVRTC never
+        runs on the event loop. (A copy an engine was expected to take but that falls back
+        after all, or one submitted later behind deferred work, loads the kernel where it is
+        submitted; the engines' own answer makes that rare.)"""
+        dev = op.device
+        if copy_kernel in dev._kernels:
+            return None
+        compiling = dev._compiling.get(copy_kernel)
+        if compiling is None and not dev._needs_compile(copy_kernel):
+            return None              # loading it is fast (the emulator, a warm disk cache)
+        if self.copy_engines and self._engine_may_take(op) or not self._shader_can_copy(op):
+            return None
+        if compiling is None:
+            compiling = dev._start_compile(copy_kernel)
+        return compiling if compiling is not None and (not compiling.done() or compiling._exc is not None) else None
+
+    def _engine_may_take(self, op: CopyOp) -> bool:
+        """Whether ``_submit_copy`` is expected to take ``op`` now (not return None): a cheap
+        prediction, asked only while the copy kernel is not loaded. Default: always."""
+        return True
 
     def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
         """Host pointers, then the engine when one can take the copy, else a shader copy. The
@@ -442,6 +535,7 @@ class Runtime:
                 fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
                                          (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
                                          [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
+                self.shader_copies += 1
         except BaseException:
             for fn in op.cleanup:
                 fn()
@@ -547,7 +641,7 @@ class Runtime:
         return True
 
     # -- fills ---------------------------------------------------------------------------------
-    def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture] = ()) -> GPUFuture:
+    def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``Buffer.fill``: ``value`` repeated as a 32-bit word over the buffer."""
         word = _fill_word(value)
         if not isinstance(buf, Buffer):
@@ -569,7 +663,7 @@ class Runtime:
                                        lambda deps: dev._submit_fill(buf, word, deps))
 
     # -- joins ---------------------------------------------------------------------------------
-    def gather(self, futures: Iterable[GPUFuture]) -> GPUFuture:
+    def gather(self, futures: Iterable[GPUFuture[Any]]) -> GPUFuture[None]:
         """One future for all of ``futures`` (a join on the device where possible). It settles
         once every member has settled and the device is done with its work (as trio's nurseries
         and anyio's task groups wait for every child, unlike ``asyncio.gather``), then fails
@@ -662,29 +756,72 @@ class Runtime:
             out.update(self._backend_stats())
             return out
 
-    def leaks(self, timeout: float = 10.0, *, buffers: bool = True) -> dict:
-        """What is still held once pending work settled (waits up to ``timeout`` s): the
-        non-zero counters of ``LEAK_KEYS``, and ``buffers`` (live allocations, after a garbage
-        collection) when asked. An empty dict means nothing leaked. The one leak check of the
-        pytest plugin, the test suite and ``python -m aiogpu stress``."""
+    def leaks(self, timeout: float = 10.0, *, buffers: bool = True) -> Leaks:
+        """What is still held once pending work has settled: waits up to ``timeout`` s for
+        pending work (operations, and buffers that unretired work still uses), never for
+        buffers a program merely holds, which are reported at once. Returns a Leaks: a dict of
+        the non-zero counters of ``LEAK_KEYS`` and, when ``buffers``, ``buffers`` (live
+        allocations, after a garbage collection) with each one described in ``held`` (where it
+        was allocated when ``track_allocations`` is on). An empty dict means nothing leaked.
+        The one leak check of the pytest plugin, the test suite and ``python -m aiogpu stress``.
+
+        For synchronous code and threads: on the thread of a running event loop (asyncio,
+        uvloop, trio) it raises BlockingCallError instead of stalling the loop; ``await
+        leaks_async()`` there."""
+        if _loops.current_port() is not None:
+            raise BlockingCallError("Runtime.leaks() would block the running event loop while work is "
+                                    "pending; `await rt.leaks_async()` instead (or call leaks() from "
+                                    "another thread)")
         deadline = time.monotonic() + timeout
         while True:
-            stats = self.stats()
-            if not any(stats[k] for k in LEAK_KEYS) or time.monotonic() > deadline:
-                break
+            found = self._leak_check(buffers, time.monotonic() > deadline)
+            if found is not None:
+                return found
             time.sleep(0.005)
+
+    async def leaks_async(self, timeout: float = 10.0, *, buffers: bool = True) -> Leaks:
+        """``leaks()`` for a coroutine (asyncio, uvloop or trio): the same report, waiting for
+        pending work without blocking the loop."""
+        import anyio
+
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self._leak_check(buffers, time.monotonic() > deadline)
+            if found is not None:
+                return found
+            await anyio.sleep(0.005)
+
+    def _leak_check(self, buffers: bool, last: bool) -> Leaks | None:
+        """One look for ``leaks``: the report, or None while work is pending (unless ``last``:
+        then what is held, pending work included)."""
+        stats = self.stats()
+        if not last and any(stats[k] for k in LEAK_KEYS):
+            return None
         found = {k: stats[k] for k in LEAK_KEYS if stats[k]}
+        held: list[HeldBuffer] = []
         if buffers:
-            while True:           # buffers nobody references any more go back at a collection;
-                gc.collect()      # work retiring late (a failed write's predecessors) lets go later
-                stats = self.stats()
-                held = stats["small_allocations"] + stats["large_allocations"]
-                if not held or time.monotonic() > deadline:
-                    break
-                time.sleep(0.01)
-            if held:
-                found["buffers"] = held
-        return found
+            gc.collect()          # buffers nobody references any more go back at a collection
+            stats = self.stats()
+            count = stats["small_allocations"] + stats["large_allocations"]
+            if count:
+                with self.lock:   # (retirement runs under it: no buffer is seen half-released)
+                    held = self._held_buffers()
+                if not last and any(h.users for h in held):
+                    return None   # work retiring late (a failed write's predecessors) lets go later
+                found["buffers"] = count
+        return Leaks(found, held)
+
+    def _held_buffers(self) -> list[HeldBuffer]:
+        """Every live allocation of this runtime's devices, found among the objects the garbage
+        collector tracks (a leak report's cost: nothing is registered per allocation)."""
+        out = []
+        for obj in gc.get_objects():
+            if type(obj) is Buffer and obj._base is None and "_owned" in obj.__dict__ \
+                    and getattr(obj.device, "runtime", None) is self:
+                out.append(HeldBuffer(repr(obj), obj.nbytes, obj.device.name, obj.address, obj.users,
+                                      obj.allocated_at))
+        out.sort(key=lambda h: (h.device, h.address))
+        return out
 
     # -- shutdown ------------------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:

@@ -16,7 +16,8 @@ it finished (about 500 signals at 100k operations/s, inside the 1,024 interrupt 
 costs at most 200 short scans a second, against one wake-up per completion when every signal
 was in the wait: an interrupt, a syscall, a scan of all pending work under the GIL, and on ROCr
 the next wait's first 200 us, which ``Signal::WaitAny`` spends polling before it sleeps. With
-everything pending in the wait, the timeout is ``LOST_WAKEUP_GUARD_S``.
+everything pending in the wait, the timeout is ``LOST_WAKEUP_GUARD_S``. ``done()`` does not wait
+for the scan: it reads the signal itself (``CompletionHub.observe``).
 
 It is level-triggered: after any wake-up it rescans every pending signal, waited for or not,
 then acquire-loads each that reads complete before resolving it. So a future armed just as it
@@ -41,7 +42,7 @@ import ctypes
 import time
 from typing import Any
 
-from .futures import FutureHub, GPUFuture
+from .futures import FutureHub, GPUFuture, log
 from .hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
@@ -183,6 +184,16 @@ class CompletionHub(FutureHub):
     def is_complete(self, key: int) -> bool:
         return self.api.hsa_signal_load_scacquire(T.hsa_signal_t(key)) < 1
 
+    def observe(self, fut: GPUFuture) -> None:
+        """``FutureHub.observe``: a cheap read of the signal's value word, then (when it looks
+        done) the acquire load the scan does before settling it. A signal recycled meanwhile
+        belongs to another future: ``_settle`` then ignores it."""
+        key = fut.signal
+        view = self.pool.views.get(key)
+        owned = self.lock.raw._is_owned  # type: ignore[attr-defined]
+        if view is not None and view.value < 1 and not owned() and self.is_complete(key):
+            self._settle([(key, fut)])
+
     def close(self) -> None:
         self.stop()
         self.api.hsa_signal_destroy(T.hsa_signal_t(self._wake))
@@ -233,8 +244,12 @@ class CompletionHub(FutureHub):
             api.hsa_signal_store_relaxed(T.hsa_signal_t(self._wake), 0)
             self._woken = False
             self.wakeups += 1
-            self._scan()
-            self.retry_backlog()
+            try:
+                self._scan()
+                self.retry_backlog()
+            except BaseException:  # noqa: BLE001 - the waiter must never die (callbacks are
+                # reported where they run; this is the last guard)
+                log.exception("HSA waiter scan failed")
 
     def _covers_everything(self, n: int) -> bool:
         """Whether the wait's n - 1 signals are all the pending work: nothing is left to the

@@ -33,6 +33,7 @@ class TaskGroup:
         self._submitted: list[futures.GPUFuture] = []
         self._failures: list[BaseException] = []   # failed submissions, in the order seen
         self._unhandled: list[BaseException] = []  # ... not yet looked at by the monitor
+        self._heard = 0                 # submitted futures whose settling reached ``_done``
         self._token: Any = None
         self._port: Any = None
         self._tasks = 0                 # tasks started with start_soon that are still running
@@ -87,6 +88,7 @@ class TaskGroup:
 
     def _done(self, fut: futures.GPUFuture) -> None:
         # On the group's loop, once ``fut`` has settled.
+        self._heard += 1
         if fut._exc is not None:
             self._failures.append(fut._exc)
             self._unhandled.append(fut._exc)
@@ -101,9 +103,12 @@ class TaskGroup:
                 if not futures.was_retrieved(exc) and not self._follows_another(exc):
                     raise exc
             if self._body_done and self._tasks == 0:
-                left = [f for f in self._submitted if not f.done()]
-                if not left:
+                # Finished once every submission's settling has reached ``_done`` on this loop:
+                # ``done()`` turns True on the waiter thread before that, and a failure not
+                # heard of yet would be lost.
+                if self._heard == len(self._submitted):
                     return
+                left = [f for f in self._submitted if not f.done()]
                 for f in left:   # the group now waits for this work: wake for it (FutureHub.arm)
                     f._hub.arm(f)
             self._changed = anyio.Event()
@@ -138,7 +143,8 @@ async def _settled(fut: futures.GPUFuture) -> None:
     if fut.done():
         return
     event = anyio.Event()
-    fut.add_done_callback(lambda _f: event.set())
+    # (the library's own registration: no GPUFuture.cancel() of a task being cancelled detaches it)
+    fut._when_done(_loops.current_port(), lambda _f: event.set())
     await event.wait()
 
 

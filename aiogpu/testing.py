@@ -3,10 +3,13 @@
 Fixtures: ``gpu_runtime`` (a fresh runtime per test), ``gpu`` (its first device), ``gpus`` (all),
 ``inject`` (fault injection on the emulator). Options: ``--aiogpu-backend=emulator|hsa|cuda``
 (default emulator), ``--aiogpu-gpus=N`` (emulated GPUs), ``--aiogpu-shared-runtime`` (one runtime
-for the whole session instead of one per test; fault injection then needs care). A test fails if
-it leaves GPU work pending or leaks signals, kernel-argument memory, host locks or buffers. A test
-that failed is not checked for buffers: its traceback keeps its locals, buffers included, alive, so
-the count would only repeat the failure as a second, spurious error.
+for the whole session instead of one per test; fault injection then needs care),
+``--aiogpu-track-allocs=N`` (frames of each allocation's stack recorded for the leak report;
+default 8, 0: off). A test fails if it leaves GPU work pending or leaks signals, kernel-argument
+memory, host locks or buffers; the error names each buffer it left and where it was allocated.
+The check waits for pending work only (``Runtime.leaks``): a buffer the test still holds is
+reported at once. A test that failed is not checked for buffers: its traceback keeps its locals,
+buffers included, alive, so the count would only repeat the failure as a second, spurious error.
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--aiogpu-sdma-engines", type=int, default=2, help="SDMA engines per emulated GPU")
     group.addoption("--aiogpu-shared-runtime", action="store_true",
                     help="one runtime for the whole session instead of a fresh one per test")
+    group.addoption("--aiogpu-track-allocs", type=int, default=8, metavar="N",
+                    help="frames of each allocation's call stack that the leak report shows (default 8; 0: off)")
 
 
 _CALL_FAILED = pytest.StashKey[bool]()
@@ -45,7 +50,9 @@ def _open(config: Any, marker_options: dict) -> Any:
         options = {"gpus": config.getoption("--aiogpu-gpus", 2),
                    "sdma_engines": config.getoption("--aiogpu-sdma-engines", 2)}
     options.update(marker_options)
-    return aiogpu.Runtime(backend, **options)
+    rt = aiogpu.Runtime(backend, **options)
+    rt.track_allocations = max(0, config.getoption("--aiogpu-track-allocs", 8))
+    return rt
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +77,7 @@ def gpu_runtime(request: Any) -> Iterator[Any]:
         leaks = rt.leaks(buffers=not request.node.stash.get(_CALL_FAILED, False))
         rt.close()
     if leaks:
-        pytest.fail(f"the test left GPU work or resources behind: {leaks}")
+        pytest.fail(f"the test left GPU work or resources behind: {leaks.describe()}", pytrace=False)
 
 
 @pytest.fixture

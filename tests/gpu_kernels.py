@@ -6,7 +6,7 @@ import time
 
 import aiogpu
 
-# CUDA implementations (the NumPy bodies stay the oracle). CUDA launches ceil(grid/block)
+# CUDA implementations (the NumPy bodies stay the oracle; OpenCL C ones for AMD below). CUDA launches ceil(grid/block)
 # blocks, so element-wise kernels check their index against n.
 _TIMER = r"""
 __device__ __forceinline__ unsigned long long aiogpu_now() {
@@ -72,12 +72,75 @@ extern "C" __global__ void add_const_n(long long* x, long long c, unsigned int n
 """
 
 
-@aiogpu.kernel("f32*, const f32*, f32, u32", cuda=SAXPY_CU)
+# OpenCL C implementations for AMD agents (comgr compiles them for the agent's ISA). The pause
+# reads s_memrealtime, the constant-rate counter of gfx8 to gfx10 (100 MHz on the data-centre
+# parts; ROCr reports the rate as HSA_AMD_AGENT_INFO_TIMESTAMP_FREQUENCY).
+_TIMER_CL = r"""
+#define AIOGPU_REALTIME_HZ 100000000ul
+void aiogpu_sleep_ns(ulong ns) {
+    ulong t0 = __builtin_amdgcn_s_memrealtime();
+    ulong ticks = ns / (1000000000ul / AIOGPU_REALTIME_HZ);
+    while (__builtin_amdgcn_s_memrealtime() - t0 < ticks) __builtin_amdgcn_s_sleep(127);
+}
+"""
+
+SAXPY_CL = r"""
+__kernel void saxpy(__global float* y, __global const float* x, float a, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) y[i] += a * x[i];
+}
+"""
+
+SLOW_INCREMENT_CL = _TIMER_CL + r"""
+__kernel void slow_increment(__global long* counter) {
+    if (get_global_id(0) == 0) {
+        long value = *(volatile __global long*)counter;
+        aiogpu_sleep_ns(2000000ul);
+        *(volatile __global long*)counter = value + 1;
+    }
+}
+"""
+
+SLEEP_MS_CL = _TIMER_CL + r"""
+__kernel void sleep_ms(uint ms) {
+    if (get_global_id(0) == 0) aiogpu_sleep_ns(1000000ul * ms);
+}
+"""
+
+FAIL_IF_CL = r"""
+__kernel void fail_if(__global int* out, int code) {
+    if (code) __builtin_trap();
+    if (get_global_id(0) == 0) out[0] = 1;
+}
+"""
+
+SCALE_CL = r"""
+__kernel void scale(__global float* y, float a, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) y[i] *= a;
+}
+"""
+
+ADD_INTO_CL = r"""
+__kernel void add_into(__global long* dst, __global const long* src, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) dst[i] += src[i];
+}
+"""
+
+ADD_CONST_N_CL = r"""
+__kernel void add_const_n(__global long* x, long c, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) x[i] += c;
+}
+"""
+
+@aiogpu.kernel("f32*, const f32*, f32, u32", cuda=SAXPY_CU, opencl=SAXPY_CL)
 def saxpy(launch, y, x, a, n):
     y[:n] += a * x[:n]
 
 
-@aiogpu.kernel("i64*", cuda=SLOW_INCREMENT_CU)
+@aiogpu.kernel("i64*", cuda=SLOW_INCREMENT_CU, opencl=SLOW_INCREMENT_CL)
 def slow_increment(launch, counter):
     """Read, pause (releasing the GIL), write: loses updates unless launches are ordered."""
     value = int(counter[0])
@@ -85,29 +148,29 @@ def slow_increment(launch, counter):
     counter[0] = value + 1
 
 
-@aiogpu.kernel("u32", cuda=SLEEP_MS_CU)
+@aiogpu.kernel("u32", cuda=SLEEP_MS_CU, opencl=SLEEP_MS_CL)
 def sleep_ms(launch, ms):
     time.sleep(ms / 1000)
 
 
-@aiogpu.kernel("i32*, i32", cuda=FAIL_IF_CU)
+@aiogpu.kernel("i32*, i32", cuda=FAIL_IF_CU, opencl=FAIL_IF_CL)
 def fail_if(launch, out, code):
     if code:
         raise RuntimeError("kernel failed on purpose")
     out[0] = 1
 
 
-@aiogpu.kernel("f32*, f32, u32", cuda=SCALE_CU)
+@aiogpu.kernel("f32*, f32, u32", cuda=SCALE_CU, opencl=SCALE_CL)
 def scale(launch, y, a, n):
     y[:n] *= a
 
 
-@aiogpu.kernel("i64*, const i64*, u32", cuda=ADD_INTO_CU)
+@aiogpu.kernel("i64*, const i64*, u32", cuda=ADD_INTO_CU, opencl=ADD_INTO_CL)
 def add_into(launch, dst, src, n):
     dst[:n] += src[:n]
 
 
-@aiogpu.kernel("i64*, i64, u32", cuda=ADD_CONST_N_CU)
+@aiogpu.kernel("i64*, i64, u32", cuda=ADD_CONST_N_CU, opencl=ADD_CONST_N_CL)
 def add_const_n(launch, x, c, n):
     x[:n] += c
 

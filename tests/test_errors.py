@@ -161,8 +161,9 @@ async def _outcome(fut):
 async def test_memory_fault_fails_everything_pending_on_the_device(make_runtime):
     """Issue 14.3: ROCr reports a memory fault through the system event only, and KFD evicts every
     queue of the device (SDMA included): the runtime fails all pending work there from the event
-    (and what depends on it elsewhere), recreates its queues, and keeps the device usable (copies
-    of that device then run as shader copies: ROCr never recreates its evicted SDMA queues)."""
+    (and what depends on it elsewhere). KFD keeps the process evicted there (queues created later
+    too) and ROCr never recreates its SDMA queues: the device is lost, and later work on it fails at
+    once with DeviceLost; the other device goes on (tests/test_device_lost.py has the rest)."""
     rt = make_runtime(gpus=2)
     d0, d1 = rt.devices
     target, other = d0.alloc(4096), d1.alloc(4)
@@ -176,10 +177,10 @@ async def test_memory_fault_fails_everything_pending_on_the_device(make_runtime)
     assert all(isinstance(o, aiogpu.GPUError) for o in outcomes), [str(o)[:90] for o in outcomes]
     assert all(o.status == T.HSA_STATUS_ERROR_MEMORY_FAULT for o in outcomes[:4])
     assert len(rt.memory_faults) == 1 and not rt.api.emulator.queue_errors
-    await aiogpu.copy(target, np.full(4096, 7, np.uint8))     # the device stays usable
-    await d0.launch(fail_if, grid=(1,), block=(1,), args=(target, 0))
-    got = await target.to_numpy()
-    assert got[0] == 1 and (got[4:] == 7).all()
+    assert all(isinstance(o, aiogpu.DeviceLost) for o in outcomes[:4])
+    with pytest.raises(aiogpu.DeviceLost):                    # the device is lost
+        await asyncio.wait_for(aiogpu.copy(d0.alloc(4096), np.full(4096, 7, np.uint8)), 10)
+    await d1.launch(fail_if, grid=(1,), block=(1,), args=(d1.alloc(4), 0))   # the other goes on
     assert not any(r.kind == "copy" and r.agent == 0 and r.start_ns > t0 * 1e9 for r in rt.api.emulator.timeline)
 
 

@@ -112,7 +112,7 @@ async def test_a_piece_freed_while_a_kernel_uses_it_is_not_reused_before(rt):
     assert later.address == address
     for b in (*others, later):
         b.free()
-    assert rt.leaks() == {}
+    assert await rt.leaks_async() == {}
 
 
 def test_concurrent_alloc_and_free_hand_out_each_piece_once(rt):

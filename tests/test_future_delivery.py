@@ -526,20 +526,10 @@ def test_done_callbacks_take_slots_and_a_raising_one_stops_none_on_trio(monkeypa
     assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [ZeroDivisionError]
 
 
-def _raised(exc: BaseException | None, kind: type) -> bool:
-    """``kind`` is ``exc``, or is among its causes, contexts or groups."""
-    if exc is None:
-        return False
-    if isinstance(exc, kind):
-        return True
-    inner = list(getattr(exc, "exceptions", ()))
-    return any(_raised(e, kind) for e in [exc.__cause__, exc.__context__, *inner])
-
-
 def test_keyboard_interrupt_from_a_callback_propagates_after_the_rest_is_handed_on_on_trio(monkeypatch):
-    """A done-callback raising KeyboardInterrupt ends the run with it (trio reports an
-    exception from its system task as TrioInternalError, the KeyboardInterrupt within), and
-    the 20 callbacks completed after it, in the same post, still run."""
+    """A done-callback raising KeyboardInterrupt ends the run with it (delivered to the main
+    task as a Ctrl-C is), and the 20 callbacks completed after it, in the same post, still run
+    (over several drains of 2)."""
     fixed_slice(monkeypatch, 2)
     hub = ManualHub()
     futs = [hub.new(k) for k in range(1, 22)]
@@ -555,9 +545,8 @@ def test_keyboard_interrupt_from_a_callback_propagates_after_the_rest_is_handed_
         hub.complete(*futs)
         await trio.sleep(5)
 
-    with pytest.raises(BaseException) as info:
+    with pytest.raises(KeyboardInterrupt):
         trio.run(main)
-    assert _raised(info.value, KeyboardInterrupt)
     assert ran == futs[1:]
 
 

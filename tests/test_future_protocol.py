@@ -55,12 +55,14 @@ def test_isfuture_and_the_protocols_answers(rt, run):
         fut = rt.devices[0].launch(fail_if, grid=(1,), block=(1,), args=(rt.devices[0].alloc(4), 0))
         assert asyncio.isfuture(fut)
         assert fut.get_loop() is asyncio.get_running_loop()
-        assert fut.cancel() is False and fut.cancel(msg="x") is False and not fut.cancelled()
         await fut
         assert fut.cancel() is False and not fut.cancelled() and fut.result() is None
     run(main())
+    outside = rt.devices[0].launch(fail_if, grid=(1,), block=(1,), args=(rt.devices[0].alloc(4), 0))
+    assert outside.cancel() is False and outside.cancel(msg="x") is False and not outside.cancelled()
     with pytest.raises(RuntimeError):
-        rt.devices[0].launch(fail_if, grid=(1,), block=(1,), args=(rt.devices[0].alloc(4), 0)).get_loop()
+        outside.get_loop()
+    outside.wait(10)
 
 
 def test_asyncio_wait_first_completed(rt, run):

@@ -96,6 +96,11 @@ async def test_failing_node_fails_that_replay_and_later_replays_work(rt):
     rt.api.emulator.faults.queue_error_at(1, status=T.HSA_STATUS_ERROR_EXCEPTION)
     with pytest.raises(aiogpu.GPUError):
         await exe.launch()
+    # c's failed write left it undefined: a replay reading it fails, as a launch would,
+    # until something only writes it again; then replays work.
+    with pytest.raises(aiogpu.GPUError, match="dependency failed"):
+        await exe.launch()
+    await aiogpu.copy(c, np.ones(1, np.int64))
     await exe.launch()
     await exe.launch()
     assert (await c.to_numpy(np.int64))[0] == 3

@@ -196,7 +196,8 @@ def test_graph_misuse_raises_with_a_message_that_says_what_is_wrong(make_runtime
         aiogpu.Graph().instantiate()
     with aiogpu.Graph() as g:
         node = d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 1, N))
-    with pytest.raises(RuntimeError, match="^a graph node is not waitable; instantiate the graph and wait for a replay$"):
+    with pytest.raises(TypeError, match=r"^a graph node is not work: nothing runs until a replay; await "
+                                         r"exe.launch\(\) \(exe = graph.instantiate\(\)\) instead of waiting"):
         node.wait()
     exe = g.instantiate()
     for name in ("args", "grid", "block"):

@@ -112,7 +112,7 @@ async def test_pinned_blocks_return_when_the_arrays_die(any_rt):
     assert any_rt.stats()["pinned_blocks"] == base + 8
     keep = arrays[0][:4]
     del arrays
-    any_rt.leaks(buffers=False)        # the waiter has retired the copies (their futures let go)
+    await any_rt.leaks_async(buffers=False)   # the waiter has retired the copies (their futures let go)
     gc.collect()
     assert any_rt.stats()["pinned_blocks"] == base + 1          # the kept view's
     assert (keep == 3).all()

@@ -123,16 +123,16 @@ def test_an_error_while_packing_leaves_no_future_or_lock_behind(make_runtime, mo
 
 # -- item 18: engine errors other than OUT_OF_RESOURCES ------------------------------------------
 @pytest.mark.asyncio
-async def test_copy_engine_error_fails_the_copy_and_releases_its_host_lock(make_runtime, monkeypatch):
+@pytest.mark.parametrize("call", ["hsa_amd_memory_async_copy_on_engine", "hsa_amd_memory_async_copy"])
+async def test_copy_engine_error_fails_the_copy_and_releases_its_host_lock(make_runtime, monkeypatch, call):
     from aiogpu.hsa_bindings import types as T
-    rt = make_runtime(gpus=1)
+    rt = make_runtime(gpus=1, rocr_version="5.7" if call.endswith("on_engine") else "5.2.3")
     d0 = rt.devices[0]
     host = np.arange(1 << 18, dtype=np.int32)     # 1 MiB: locked, not staged
     buf = d0.alloc(host.nbytes)
     # (INVALID_ARGUMENT is ROCr's answer for an engine that cannot serve the direction: aiogpu
     # then copies with a shader; any other error fails the copy.)
-    monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy_on_engine",
-                        lambda *args: T.HSA_STATUS_ERROR_INVALID_SIGNAL)
+    monkeypatch.setattr(rt.api, call, lambda *args: T.HSA_STATUS_ERROR_INVALID_SIGNAL)
     fut = aiogpu.copy(buf, host)
     with pytest.raises(aiogpu.GPUError, match="INVALID_SIGNAL"):
         await asyncio.wait_for(fut, 20)

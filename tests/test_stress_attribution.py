@@ -13,7 +13,10 @@ def test_a_failure_no_injected_fault_explains_is_unexpected(monkeypatch):
     original, calls = packet_processor.execute, itertools.count(1)
 
     def sometimes_broken(ctx, job):
-        if next(calls) % 400 == 0:
+        # Often enough that such failures reach read-backs however few kernels the injected
+        # faults leave to run (the last GPU is lost at its first memory fault; a lost completion
+        # fails its whole queue): some runs execute under 300 kernels.
+        if next(calls) % 25 == 0:
             raise RuntimeError("a kernel bug, not an injected fault")
         original(ctx, job)
 

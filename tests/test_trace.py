@@ -34,7 +34,7 @@ async def test_trace_records_every_operation(rt, tmp_path):
         assert e["dur"] >= 0 and isinstance(e["ts"], float)
         assert isinstance(e["pid"], int) and isinstance(e["tid"], int)
     tracks = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
-    assert any(t.startswith("gpu0.q") for t in tracks) and any(".sdma" in t for t in tracks)
+    assert any(t.startswith("gpu0.q") for t in tracks) and any(".sdma" in t or ".rocr-" in t for t in tracks)
     procs = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert procs == {"gpu0", "gpu1"}
     kernel = next(e for e in spans if e["name"] == "sleep_ms")

@@ -363,6 +363,6 @@ async def test_views_are_not_counted_as_buffers(rt):
     await aiogpu.gather(*[aiogpu.copy(w, np.full(4, i, np.float32)) for i, w in enumerate(views)])
     stats = rt.stats()
     assert stats["small_allocations"] + stats["large_allocations"] == 1
-    assert rt.leaks(5, buffers=False) == {}
+    assert await rt.leaks_async(5, buffers=False) == {}
     del views, buf
-    assert rt.leaks(5) == {}
+    assert await rt.leaks_async(5) == {}

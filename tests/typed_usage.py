@@ -1,7 +1,14 @@
-"""Typical use of the public API, type-checked by test_typing.py (mypy must accept it)."""
+"""Typical use of the public API, type-checked by test_typing.py (mypy must accept it, and
+the ``reveal_type`` lines must reveal what each comment says)."""
 import asyncio
+from typing import TYPE_CHECKING
+
 import numpy as np
 import aiogpu
+
+if not TYPE_CHECKING:
+    def reveal_type(obj: object) -> None:   # (run as a script: mypy's builtin does not exist)
+        pass
 
 
 @aiogpu.kernel("f32*, const f32*, f32, u32")
@@ -15,15 +22,28 @@ async def main() -> None:
     n = 1024
     x: aiogpu.Buffer = d0.alloc(n * 4)
     y = d0.alloc(n * 4)
-    f1: aiogpu.GPUFuture = aiogpu.copy(x, np.ones(n, np.float32))
+    f1: aiogpu.GPUFuture[None] = aiogpu.copy(x, np.ones(n, np.float32))
     f2 = d0.launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n), after=[f1])
     await f2
     arr = await y.to_numpy(np.float32)
     print(arr.sum())
+    reveal_type(y.to_numpy(np.float32))          # expect: GPUFuture[ndarray]
+    reveal_type(arr)                              # expect: ndarray
+    reveal_type(await f2)                         # expect: None
+    reveal_type(f2)                               # expect: GPUFuture[None]
+    reveal_type(aiogpu.copy(y, x))                # expect: GPUFuture[None]
+    reveal_type(y.fill(0))                        # expect: GPUFuture[None]
+    reveal_type(aiogpu.gather(f1, f2))            # expect: GPUFuture[None]
+    down = y.to_numpy()
+    await down
+    reveal_type(down.result())                    # expect: ndarray
+    reveal_type(y.to_numpy().asyncio())           # expect: Future[ndarray]
     with aiogpu.Graph() as g:
         d0.launch(saxpy, grid=(n,), block=(256,), args=(y, x, 2.0, n))
     exe: aiogpu.GraphExec = g.instantiate()
-    await exe.launch()
+    replay = exe.launch()
+    reveal_type(replay)                           # expect: GPUFuture[None]
+    await replay
     await aiogpu.gather(f1, f2)
     ready: aiogpu.GPUFuture = d0.load(saxpy)             # compile off the loop (warm-up)
     await ready

@@ -32,13 +32,28 @@ extern "C" __global__ void scale(float* y, float a, unsigned int n) {
 }
 """
 
+# The same kernels in OpenCL C, which comgr compiles for AMD agents (the hsa backend).
+SAXPY_CL = r"""
+__kernel void saxpy(__global float* y, __global const float* x, float a, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) y[i] += a * x[i];
+}
+"""
 
-@aiogpu.kernel("f32*, const f32*, f32, u32", cuda=SAXPY_CU)
+SCALE_CL = r"""
+__kernel void scale(__global float* y, float a, uint n) {
+    size_t i = get_global_id(0);
+    if (i < n) y[i] *= a;
+}
+"""
+
+
+@aiogpu.kernel("f32*, const f32*, f32, u32", cuda=SAXPY_CU, opencl=SAXPY_CL)
 def saxpy(launch, y, x, a, n):
     y[:n] += a * x[:n]
 
 
-@aiogpu.kernel("f32*, f32, u32", cuda=SCALE_CU)
+@aiogpu.kernel("f32*, f32, u32", cuda=SCALE_CU, opencl=SCALE_CL)
 def scale(launch, y, a, n):
     y[:n] *= a
 

@@ -4,7 +4,8 @@ Each of many concurrent tasks keeps a few device buffers and a NumPy *shadow* of
 hold. It submits random operations without awaiting them (kernels, host-to-device,
 device-to-device and peer copies, gathers, replays of a small captured graph), relying on the
 runtime to order them on the device, and now and then copies a buffer back and compares it with
-the shadow. Meanwhile faults are injected at random points: queue errors, memory faults, lost
+the shadow. Meanwhile faults are injected at random points: queue errors, memory faults (on the
+last GPU only: a memory fault loses its device for good, DeviceLost), lost
 completions (caught by the runtime's watchdog), delayed completions, SDMA exhaustion and the eager
 packet processor. A failed read-back must be a GPUError that follows from an injected fault (its
 cause chain leads to one: see ``injected_cause``), then the task re-uploads its shadow; any other
@@ -29,20 +30,39 @@ import numpy as np
 
 import aiogpu
 from aiogpu.cli import closing
+from aiogpu.errors import InjectedFault
 from aiogpu.futures import cause_chain
 from aiogpu.hsa_bindings import types as T
-from aiogpu.hsa_bindings.emulator import InjectedFault
+from aiogpu.runtime import Leaks
 
 WORDS = 64          # int64 elements per buffer
 OP_TIMEOUT_S = 60.0  # an await that takes longer than this counts as a hang
+REPORT_S = 2.0       # seconds between progress lines
+REPORT_TICK_S = 0.1  # how often the reporter looks whether the run has started draining
 
 
-@aiogpu.kernel("i64*, i64")
+# Launched over grid=(WORDS,) on WORDS-word buffers: one work-item per word, so the OpenCL C
+# (AMD agents; comgr compiles it) does what the bodies do to the whole buffer.
+ADD_CONST_CL = """
+__kernel void add_const(__global long* x, long c) {
+    x[get_global_id(0)] += c;
+}
+"""
+
+ADD_BUF_CL = """
+__kernel void add_buf(__global long* dst, __global const long* src) {
+    size_t i = get_global_id(0);
+    dst[i] += src[i];
+}
+"""
+
+
+@aiogpu.kernel("i64*, i64", opencl=ADD_CONST_CL)
 def add_const(launch, x, c):
     x[:] += c
 
 
-@aiogpu.kernel("i64*, const i64*")
+@aiogpu.kernel("i64*, const i64*", opencl=ADD_BUF_CL)
 def add_buf(launch, dst, src):
     dst[:] += src[:]
 
@@ -232,7 +252,10 @@ async def injector(rt: Any, rng: random.Random, stop: asyncio.Event, stats: Stat
                     [T.HSA_STATUS_ERROR_EXCEPTION, T.HSA_STATUS_ERROR_INVALID_PACKET_FORMAT]),
                     agent=rng.randrange(gpus))
             elif kind == "memory_fault":
-                faults.memory_fault_at(rng.randrange(1, 50), agent=rng.randrange(gpus))
+                # A memory fault loses its device for the rest of the process (DeviceLost): only
+                # the last GPU takes them, so the others stay to be stressed.
+                if gpus > 1:
+                    faults.memory_fault_at(rng.randrange(1, 50), agent=gpus - 1)
             elif kind == "lost":
                 faults.lose_completion_at(rng.randrange(1, 50))
             elif kind == "delay":
@@ -255,7 +278,7 @@ def wait_idle(rt: Any, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def count_leaks(rt: Any) -> dict:
+def count_leaks(rt: Any) -> Leaks:
     """What the runtime still holds once no work is pending (the runtime's one leak check)."""
     return rt.leaks(5.0, buffers=True)
 
@@ -267,9 +290,11 @@ async def run_async(rt: Any, ops: int, tasks: int, seed: int, faults: bool, peri
     rng = random.Random(seed)
     stop = asyncio.Event()
     inj = asyncio.ensure_future(injector(rt, rng, stop, stats, period)) if faults else None
-    report = asyncio.ensure_future(_report(stats, ops, progress, stop))
     fault_log = rt.api.emulator.faults
-    await asyncio.gather(*(worker(seed * 1000 + i, rt.devices, budget, stats, fault_log) for i in range(tasks)))
+    workers = [asyncio.ensure_future(worker(seed * 1000 + i, rt.devices, budget, stats, fault_log))
+               for i in range(tasks)]
+    report = asyncio.ensure_future(_report(rt, stats, ops, budget, workers, progress, stop))
+    await asyncio.gather(*workers)
     stop.set()
     for t in (inj, report):
         if t is not None:
@@ -277,24 +302,40 @@ async def run_async(rt: Any, ops: int, tasks: int, seed: int, faults: bool, peri
     return stats
 
 
-async def _report(stats: Stats, total: int, progress: Any, stop: asyncio.Event) -> None:
+async def _report(rt: Any, stats: Stats, total: int, budget: list, workers: list, progress: Any,
+                  stop: asyncio.Event) -> None:
+    """Progress every ``REPORT_S`` while the workers run, and at once when every operation has
+    been submitted: from then on the run is draining (the tasks' last read-backs, what is still
+    pending on the device), which the line says instead of repeating "N/N ops"."""
+    loop = asyncio.get_running_loop()
+    said_at, draining = None, False
     while not stop.is_set():
-        progress(f"{stats.ops}/{total} ops, {stats.faults} faults, {stats.failed} failed as expected, "
-                 f"{stats.mismatches} mismatches")
+        now, spent = loop.time(), budget[0] <= 0
+        if said_at is None or now - said_at >= REPORT_S or spent != draining:
+            draining, said_at = spent, now
+            if draining:
+                running = sum(not w.done() for w in workers)
+                progress(f"draining: {stats.ops}/{total} ops submitted; waiting for {running} of {len(workers)} "
+                         f"tasks' last checks, {rt.hub.pending_count} operations pending on the device")
+            else:
+                progress(f"{stats.ops}/{total} ops, {stats.faults} faults, {stats.failed} failed as expected, "
+                         f"{stats.mismatches} mismatches")
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(2.0):
+            async with asyncio.timeout(REPORT_TICK_S):
                 await stop.wait()
 
 
 def run_stress(*, ops: int, gpus: int, seed: int, tasks: int = 256, faults: bool = True,
-               period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, dict]:
+               period: float = 0.2, progress: Any = lambda msg: None) -> tuple[Stats, Leaks]:
     """Run the stress workload on a fresh emulated runtime; returns (stats, leaks)."""
     rt = aiogpu.Runtime("emulator", gpus=gpus, watchdog_s=3.0)
     with closing(rt):
         stats = asyncio.run(run_async(rt, ops, tasks, seed, faults, period, progress))
         rt.api.emulator.faults.reset()
+        progress(f"draining: every task done; {rt.hub.pending_count} operations pending on the device")
         wait_idle(rt, 30)
         gc.collect()
+        progress("checking for leaks")
         leaks = count_leaks(rt)
         stats.faults = max(stats.faults, len(rt.api.emulator.faults.fired))
     return stats, leaks
@@ -321,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
     for note in stats.notes[:20]:
         print(f"  note: {note}")
     if leaks:
-        print(f"  leaks: {leaks}")
+        print("  leaks: " + leaks.describe().replace("\n", "\n  "))
     if stats.unexpected:
         print(f"  {stats.unexpected} unexpected failures")
     print(summary_line(stats, leaks))

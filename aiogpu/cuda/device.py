@@ -76,6 +76,16 @@ class CudaDevice(Device):
         self.cudev = D.check(cu.cuDeviceGet(index), "cuDeviceGet")
         self.ctx = _retain_primary(self.cudev)
         self.ctx_handle = int(self.ctx)
+        self.lanes: list[Lane] = []
+        self.events = EventPool(self)     # (creates nothing until used)
+        self.words: CompletionWords | None = None
+        try:
+            self._create(runtime, index, compute_streams)
+        except BaseException:
+            self._release_partial()      # what it made so far: nothing of it outlives the failure
+            raise
+
+    def _create(self, runtime: Any, index: int, compute_streams: int) -> None:
         raw = D.check(cu.cuDeviceGetName(128, self.cudev), "cuDeviceGetName")
         self.product = raw.split(b"\0", 1)[0].decode(errors="replace")
         self.cc = (D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
@@ -84,15 +94,15 @@ class CudaDevice(Device):
         self.max_grid = tuple(D.attribute(self.cudev, f"CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_{a}") for a in "XYZ")
         self.host_pointer_ok = bool(D.attribute(
             self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM"))
-        self.events = EventPool(self)
         self.memops = bool(D.attribute(self.cudev, "CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS"))
         self.words = CompletionWords(self) if self.memops and runtime.completion_words else None
-        self._set_compute_lanes([Lane(self, f"{self.name}.s{i}", "compute") for i in range(compute_streams)])
-        self.h2d = Lane(self, f"{self.name}.h2d", "h2d")
-        self.d2h = Lane(self, f"{self.name}.d2h", "d2h")
-        self.d2d = Lane(self, f"{self.name}.d2d", "d2d")
-        self.peer = Lane(self, f"{self.name}.peer", "peer")
-        self.lanes = [*self.compute, self.h2d, self.d2h, self.d2d, self.peer]
+        lanes = self.lanes               # (filled as they are made: see _release_partial)
+        for i in range(compute_streams):
+            lanes.append(Lane(self, f"{self.name}.s{i}", "compute"))
+        self._set_compute_lanes(lanes)
+        for kind in ("h2d", "d2h", "d2d", "peer"):
+            lanes.append(Lane(self, f"{self.name}.{kind}", kind))
+        self.h2d, self.d2h, self.d2d, self.peer = lanes[compute_streams:]
         self.foreign: dict[int, Any] = {}   # other libraries' streams (foreign.py), by handle
         self.ext: list[Lane] = []            # streams that capture other libraries' events
         self.peers: set[int] = set()
@@ -119,6 +129,17 @@ class CudaDevice(Device):
     def _raw_free(self, address: int) -> None:
         self.make_current()
         cu.cuMemFree(address)
+
+    def _memory_size(self) -> int | None:
+        """``cuMemGetInfo``'s total in this device's context."""
+        self.make_current()
+        info = cu.cuMemGetInfo()
+        return int(info[2]) if int(info[0]) == 0 else None
+
+    def _memory_free(self) -> int | None:
+        self.make_current()
+        info = cu.cuMemGetInfo()
+        return int(info[1]) if int(info[0]) == 0 else None
 
     # -- hooks: kernels ------------------------------------------------------------------------
     def _needs_compile(self, kernel: Kernel) -> bool:
@@ -192,7 +213,7 @@ class CudaDevice(Device):
         params = loaded.pack(values) if loaded.offsets else 0
         func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
         hot = D.HOT
-        rt = self.runtime
+        rt: Any = self.runtime          # (a CudaRuntime)
         fused = False
         if type(hot) is D._CHot:
             claunch, fh, sh, wordp = hot.launch, loaded.handle, lane.sh, lane.wordp
@@ -217,6 +238,13 @@ class CudaDevice(Device):
                 enqueue = rt.with_foreign_waits(self, waits, enqueue)
             return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup, fused=fused)
         from .interop import copy_streams
+        patches = rt._take_patches(copy)
+        if patches:       # (bytes of pending bounced downloads: after the shader copy, on its stream)
+            if fused:
+                def enqueue(stream: Any) -> int:
+                    return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params)
+                fused = False
+            enqueue = rt._with_patches(copy, enqueue, patches)
         return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy_streams(copy), enqueue), reads,
                          writes, keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging,
                          fused=fused)
@@ -253,6 +281,16 @@ class CudaDevice(Device):
             cu.cuModuleUnload(loaded.module)
         self._kernels.clear()
         self.memory.destroy()
+
+    def _release_partial(self) -> None:
+        """Undo a construction that failed: its streams, events, completion words and its
+        hold on the primary context (no work was submitted)."""
+        for lane in self.lanes:
+            lane.destroy()
+        self.events.destroy()
+        if self.words is not None:
+            self.words.destroy()
+        cu.cuDevicePrimaryCtxRelease(self.cudev)
 
     def release_context(self) -> None:
         cu.cuDevicePrimaryCtxRelease(self.cudev)

@@ -181,8 +181,17 @@ class CudaGraphExec(GraphExec):
         except Exception:  # noqa: BLE001
             pass
 
+    def _release(self) -> None:
+        # On the waiter thread: destroying the lane changes the hub's list of lanes it scans.
+        self.runtime.hub.post_event(self._destroy_when_idle)
+
     def _destroy_when_idle(self) -> None:
         with self.runtime.lock:
-            if self.lane is not None and not self.lane.pending:
-                self.lane.device.make_current()
-                self.destroy()
+            if self.lane is None or self.runtime.closed:
+                return                  # (destroyed already, or the runtime's close does it)
+            live = [f for f in self.lane.pending if not f.retired]
+            if live:                    # work of its lane not retired yet: after that
+                live[-1].on_retired(lambda: self.runtime.hub.post_event(self._destroy_when_idle))
+                return
+            self.lane.device.make_current()
+            self.destroy()

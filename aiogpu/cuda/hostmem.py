@@ -13,8 +13,9 @@
   small host sources into a pinned block at submission; and when an array's pages are held by a
   busy registration that does not cover it, the copy goes through a bounce block of its own
   (``bounced``). A bounced device-to-host copy lands in the array on the
-  host, before its future completes; until then later host-to-device copies of that array read
-  its bounce block on the device, later writes of it bounce too (host steps stay in order), and
+  host, before its future completes; until then later host-to-device copies of those bytes read
+  them from its bounce block on the device (``CudaRuntime._host_source``), later writes of them
+  bounce too (host steps stay in order), and
   any future that depends on it runs that host step before it completes (``host_deps``).
 - Memory that is already page-locked by someone else (``torch.Tensor.pin_memory()``, CuPy's
   pinned allocator, ``cuMemHostAlloc``) is used as it is.
@@ -216,12 +217,14 @@ def _noop() -> None:
 
 class SharedBlock:
     """A staging block that several operations use (a bounced device-to-host copy and the
-    host-to-device copies that read its bytes before they land): freed with the last user."""
+    host-to-device copies that read its bytes before they land): freed with the last user.
+    ``host`` is where its bytes land (the host address of the download's destination)."""
 
-    __slots__ = ("ptr", "refs", "_release")
+    __slots__ = ("ptr", "refs", "_release", "host", "nbytes")
 
-    def __init__(self, ptr: int, release: Callable[[], None]):
+    def __init__(self, ptr: int, release: Callable[[], None], host: int = 0, nbytes: int = 0):
         self.ptr, self.refs, self._release = ptr, 1, release
+        self.host, self.nbytes = host, nbytes
 
     def retain(self) -> None:
         self.refs += 1

@@ -66,9 +66,10 @@ class CudaRuntime(Runtime):
         self.event_waits = event_waits or not completion_words
         self._init_core(CudaHub(spin_s=spin_s, watchdog_s=watchdog_s), copy_engines=copy_engines)
         self.reason = f"CUDA: {why}"
-        try:                       # a failed construction leaves no waiter thread behind
+        try:                       # a failed construction leaves nothing behind (see _undo)
             count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
-            self.devices = [CudaDevice(self, i, compute_streams=queues_per_device) for i in range(count)]
+            for i in range(count):
+                self.devices.append(CudaDevice(self, i, compute_streams=queues_per_device))
             self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
             lane = self.devices[0].compute[0]
             self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
@@ -76,10 +77,29 @@ class CudaRuntime(Runtime):
             # first compile's worker thread, it stalled the event loop for 4-6 ms on the H200).
             nvrtc.version()
             self.host = hostmem.HostMemory(self)
+            self._patches: tuple | None = None    # (op, patches) from _host_pointers to the submission
             self._enable_peers()
         except BaseException:
-            self.hub.close()
+            self._undo()
             raise
+
+    def _undo(self) -> None:
+        """Release what a failed construction made: the devices made so far (their streams,
+        events, completion words, primary contexts), pinned and registered host memory, the
+        waiter thread. No work was submitted."""
+        devices: list[Any] = self.devices
+        if devices:
+            self.pinned.close()
+        for dev in devices:
+            dev._destroy()
+        host = getattr(self, "host", None)
+        if host is not None:
+            host.close()
+        self.hub.close()
+        for dev in devices:
+            dev.release_context()
+        self.devices = []
+        D.forget_current()
 
     def _enable_peers(self) -> None:
         for a in self.devices:
@@ -218,7 +238,9 @@ class CudaRuntime(Runtime):
         when the copy completes."""
         if op.direction == "h2d":
             if op.src.ptr is None:
-                op.src.ptr = self._host_source(op.src.obj, op.src.state, op.nbytes, op.cleanup)
+                op.src.ptr, patches = self._host_source(op.src.obj, op.src.state, op.nbytes, op.cleanup)
+                if patches:
+                    self._patches = (op, patches)
         elif op.direction == "d2h" and op.dst.ptr is None:
             op.dst.ptr, op.on_complete, op.staging = self._host_destination(
                 op.dst.obj, op.dst.state, op.nbytes, op.cleanup)
@@ -230,7 +252,11 @@ class CudaRuntime(Runtime):
         lane = self._copy_lane(device, op.direction, deps)
         hot, fused = D.HOT, False
         mapped = self._shader_can_copy(op)
-        if mapped and type(hot) is D._CHot and lane.wordp and not self.event_waits:
+        patched = self._patches        # (_take_patches inlined: this runs per copy)
+        if patched is not None and patched[0] is op:
+            self._patches = None
+            copy = self._with_patches(op, lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream), patched[1])
+        elif mapped and type(hot) is D._CHot and lane.wordp and not self.event_waits:
             cmemcpy, sh, wordp, fused = hot.memcpy, lane.sh, lane.wordp, True     # copy + word write: one C call
             copy = lambda stream: cmemcpy(dptr, sptr, nbytes, sh, wordp, lane.ticket + 1)  # noqa: E731
         elif mapped:
@@ -263,6 +289,31 @@ class CudaRuntime(Runtime):
                     return lane
         return {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[direction]
 
+    def _take_patches(self, op: CopyOp) -> list | None:
+        """The patches ``_host_pointers`` made for ``op`` (under the lock, between the two)."""
+        got = self._patches
+        if got is None or got[0] is not op:
+            return None
+        self._patches = None
+        return got[1]
+
+    @staticmethod
+    def _with_patches(op: CopyOp, enqueue: Any, patches: list) -> Any:
+        """After the upload ``enqueue`` queues, copy each patch, (offset, source pointer,
+        bytes), into the destination at its offset, in order, on the same stream (so after the
+        waits of the upload: the bounced downloads whose blocks they read have completed)."""
+        dst = op.dst.ptr
+
+        def run(stream: Any) -> int:
+            code = enqueue(stream)
+            for off, src, n in patches:
+                if code:
+                    break
+                code = D.HOT.memcpy(dst + off, src, n, stream)
+            return code
+
+        return run
+
     def with_foreign_waits(self, device: CudaDevice, streams: Iterable, enqueue: Any) -> Any:
         """Order a copy or launch after the work another library queued on ``streams`` (an
         event recorded there, waited for on the device)."""
@@ -283,32 +334,43 @@ class CudaRuntime(Runtime):
 
         return run
 
-    def _host_source(self, arr: np.ndarray, state: Any, nbytes: int, cleanup: list) -> int:
-        """A device-readable pointer holding ``arr``'s bytes for a host-to-device copy.
+    def _host_source(self, arr: np.ndarray, state: Any, nbytes: int, cleanup: list) -> tuple[int, list]:
+        """(a device-readable pointer holding ``arr``'s bytes, patches) for a host-to-device
+        copy of ``arr``.
 
-        (A bounced device-to-host copy into only part of ``arr``, still pending, lands on the
-        host after this copy may have read ``arr`` in place: such arrays must not be uploaded
-        before that copy completed. Bounces happen only for arrays whose pages are held by a
-        busy registration that does not cover them.)"""
+        A bounced device-to-host copy into bytes of ``arr`` that has not landed on the host
+        yet holds their newest value in its bounce block, on the device side: the upload reads
+        them from there. When one such copy last wrote every byte of ``arr``, the pointer is
+        into its block, at ``arr``'s offset; else the pointer is ``arr`` itself (registered, or
+        a bounce block copied from it now) and each such copy's bytes are *patches*: (offset
+        in the destination, pointer into its block, bytes), copied over the upload's
+        destination after it, oldest download first (``_with_patches``). (Bounces happen only
+        for arrays whose pages are held by a busy registration that does not cover them.)"""
         addr = arr.__array_interface__["data"][0]
-        writer = state.last_write
-        pending = writer is not None and not writer.retired
-        block = getattr(writer, "staging", None) if pending and state.written_by(writer) else None
-        if block is not None and not writer.done():
-            # A device-to-host copy into ``arr`` went through a bounce block and has not
-            # landed in ``arr`` yet: its block holds the newest bytes, on the device side.
+        bounced = [w for w in state.writers()
+                   if getattr(w, "staging", None) is not None and not w.done()]
+        if len(bounced) == 1 and state.written_by(bounced[0]):
+            block = bounced[0].staging
             block.retain()
             cleanup.append(block.release)
-            return block.ptr
+            return block.ptr + (addr - block.host), []
+        patches = []
+        for w in sorted(bounced, key=lambda f: f.signal):       # (submission order)
+            block = w.staging
+            lo, hi = max(addr, block.host), min(addr + nbytes, block.host + block.nbytes)
+            if lo < hi:
+                block.retain()
+                cleanup.append(block.release)
+                patches.append((lo - addr, block.ptr + (lo - block.host), hi - lo))
         got = self.host.pin(arr)
         if got is None:            # its pages are held by a busy registration: bounce
             ptr, release = self.host.stage(nbytes)
             hostmem.memmove(ptr, addr, nbytes)
             cleanup.append(release)
-            return ptr
+            return ptr, patches
         ptr, release = got
         cleanup.append(release)
-        return ptr
+        return ptr, patches
 
     def _host_destination(self, arr: np.ndarray, state: Any, nbytes: int,
                           cleanup: list) -> tuple[int, list | None, Any]:
@@ -321,9 +383,10 @@ class CudaRuntime(Runtime):
                 ptr, release = got
                 cleanup.append(release)
                 return ptr, None, None
-        block = hostmem.SharedBlock(*self.host.stage(nbytes))
+        addr = arr.__array_interface__["data"][0]
+        block = hostmem.SharedBlock(*self.host.stage(nbytes), host=addr, nbytes=nbytes)
         cleanup.append(block.release)
-        addr, ptr = arr.__array_interface__["data"][0], block.ptr
+        ptr = block.ptr
         return ptr, [lambda: hostmem.memmove(addr, ptr, nbytes)], block
 
     # -- hooks: joins and graphs ------------------------------------------------------------------

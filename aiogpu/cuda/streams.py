@@ -96,8 +96,12 @@ class Lane:
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
         device.make_current()
-        self._attach(device, name, kind, D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority),
-                                                 f"cuStreamCreate({name})"))
+        stream = D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority), f"cuStreamCreate({name})")
+        try:
+            self._attach(device, name, kind, stream)
+        except BaseException:          # (its completion word could not be made)
+            cu.cuStreamDestroy(stream)
+            raise
 
     def _attach(self, device: Any, name: str, kind: str, stream: Any) -> None:
         self.device, self.name, self.kind = device, name, kind

@@ -25,7 +25,8 @@ a completion reaches an awaiter, fastest first:
    state and takes no lock: their buffers, events and host memory are freed here, off the
    awaiters' latency path and off the loop). A bounded timeout guards
    against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
-   else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second.
+   else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second; work
+   submitted while it sleeps the long guard wakes it once (``watch``), to sleep the short one.
 
 Errors: a stream or event query that returns an error other than NOT_READY means the context
 hit a sticky error (illegal address, trap, ...): every pending future of that device fails with a
@@ -45,7 +46,7 @@ from typing import Any, Callable
 
 from ..errors import GPUError
 from ..futures import (DONE, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
-                       submission_scope)
+                       log, submission_scope)
 from . import driver as D
 
 LOST_WAKEUP_GUARD_S = 0.1
@@ -125,14 +126,20 @@ class CudaHub(FutureHub):
         return fut
 
     def watch(self, fut: GPUFuture) -> GPUFuture:
-        """Start watching ``fut`` (under lock). Unlike HSA, the waiter is not woken: it learns
-        of new work at its next scan, and awaiters arm their lane when they park."""
+        """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
+        finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its
+        long guard (nothing was left to its scans): then it is woken once, to sleep the short
+        one, so that work nobody awaits retires (frees its buffers) within
+        ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
         scope = submission_scope.get()
         if scope is not None:
             scope.append(fut)
         self._pending[fut.signal] = fut
         if fut.lane is not None:
             fut.lane.pending.append(fut)
+        if self._idle:               # (read after the append: see _run)
+            self._idle = False
+            self.sem.post()
         return fut
 
     def _wake_for(self, fut: GPUFuture) -> None:
@@ -157,6 +164,22 @@ class CudaHub(FutureHub):
 
     def wake(self) -> None:
         self.sem.post()
+
+    def observe(self, fut: GPUFuture) -> None:
+        """Nothing: a CUDA future's ``done()`` reads its lane's completion word itself
+        (``CudaFuture.done``); host-settled futures have no completion to read."""
+
+    def force_complete(self, key: int) -> None:
+        """A failed future whose work can no longer run (its device hit a sticky error):
+        raise its lane's completion word to its ticket, from the host, so that work on other
+        devices waiting for it there (``cuStreamWaitValue64``) goes on, as the HSA hub stores
+        0 into the signal of such work. The word only grows, and nothing on a dead context
+        writes it any more. Lanes without a word (events) cannot be completed from the host:
+        a wait on such an event is left to the driver."""
+        fut: Any = self._pending.get(key)
+        lane = getattr(fut, "lane", None)
+        if lane is not None and lane.word is not None and lane.word.value < fut.ticket:
+            lane.word.value = fut.ticket
 
     def is_complete(self, key: int) -> bool:
         fut = self._pending.get(key)
@@ -367,7 +390,15 @@ class CudaHub(FutureHub):
     def _run(self) -> None:
         sem = self.sem
         while not self._stop:
-            sem.wait(self._guard())
+            # Set before the lanes are looked at: work watched after that look wakes us
+            # (``watch`` reads ``_idle`` after its append), so the long guard is never slept
+            # with work left to the scan.
+            self._idle = True
+            guard = self._guard()
+            if guard != LOST_WAKEUP_GUARD_S:
+                self._idle = False
+            sem.wait(guard)
+            self._idle = False
             sem.drain()
             self.wakeups += 1
             while self._events:
@@ -375,8 +406,8 @@ class CudaHub(FutureHub):
             try:
                 self.scan()
                 self.retry_backlog()
-            except Exception:  # noqa: BLE001 - the waiter must never die
-                from ..futures import log
+            except BaseException:  # noqa: BLE001 - the waiter must never die (callbacks are
+                # reported where they run; this is the last guard)
                 log.exception("CUDA waiter scan failed")
 
     def close(self) -> None:

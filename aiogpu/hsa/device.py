@@ -38,7 +38,7 @@ class HsaDevice(Device):
         api, out = self._api, ctypes.c_void_p()
         status = api.hsa_amd_memory_pool_allocate(self._pool, size, 0, ctypes.byref(out))
         if status in (T.HSA_STATUS_ERROR_OUT_OF_RESOURCES, T.HSA_STATUS_ERROR_INVALID_ALLOCATION):
-            raise self.out_of_memory(size, self._pool_size(), status)
+            raise self.out_of_memory(size, self._memory_free(), status)
         api.check(status, f"hsa_amd_memory_pool_allocate({size})")
         agents = self.runtime.gpu_agents()
         arr = (T.hsa_agent_t * len(agents))(*agents)
@@ -48,6 +48,15 @@ class HsaDevice(Device):
 
     def _raw_free(self, address: int) -> None:
         self._api.hsa_amd_memory_pool_free(address)
+
+    def _memory_size(self) -> int | None:
+        return self._pool_size()
+
+    def _memory_free(self) -> int | None:
+        """The pool's size less what this runtime holds from it (ROCr 5.2 reports no free
+        figure for a pool: ``hsa_amd_memory_pool_get_info`` has SIZE, not what is left)."""
+        size = self.memory_size
+        return None if size is None else max(0, size - self.memory.driver_bytes)
 
     def _pool_size(self) -> int | None:
         size = ctypes.c_size_t()
@@ -99,6 +108,10 @@ class HsaDevice(Device):
         packets.append((pkt, header | dims << 16))
         self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg, loaded.kernarg_align)
         return fut
+
+    def _lane_load(self, lane: AqlQueue) -> int:
+        """Packet groups in flight or back-logged on the queue."""
+        return len(lane.inflight) + len(lane.backlog)
 
     def submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
                      deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"",

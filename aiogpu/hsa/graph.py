@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import logging
 import struct
 import weakref
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..device import check_args
+from ..errors import GPUError
 from ..futures import GPUFuture
 from ..graph import Graph, GraphExec, GraphNode
 from ..hsa_bindings import packets as P
@@ -27,6 +29,8 @@ from ..memory import Buffer
 from ..queues import PacketGroup, barrier_and_packets
 from .device import HsaDevice as Device
 from .kernels import pack_args
+
+log = logging.getLogger("aiogpu")
 
 COMPLETION_OFFSET = P.hsa_kernel_dispatch_packet_t.completion_signal.offset
 DEP_OFFSET = P.hsa_barrier_and_packet_t.dep_signal.offset
@@ -57,14 +61,25 @@ class HsaGraphExec(GraphExec):
     def __init__(self, graph: Graph):
         super().__init__(graph)
         self._last: GPUFuture | None = None
-        self._prepare_host_memory()       # (under the runtime lock: Runtime.instantiate)
-        self._plan_lanes()
-        self._build()
+        # What the executable owns, given back when it is closed or collected (see _Owned).
+        owned = self._owned = _Owned(self.runtime)
+        ref = weakref.ref(self, lambda r: (_OWNED.discard(r), owned.release()))
+        _OWNED.add(ref)
+        try:                              # (under the runtime lock: Runtime.instantiate)
+            self._prepare_host_memory()
+            self._plan_lanes()
+            self._build()
+        except BaseException:
+            owned.release()
+            raise
+
+    def _release(self) -> None:
+        self._owned.release()
 
     # -- instantiation ---------------------------------------------------------------------------
     def _prepare_host_memory(self) -> None:
-        """Host arrays that copies read or write stay locked for the executable's life."""
-        rt, pins = self.runtime, []
+        """Host arrays that copies read or write stay locked while the executable is open."""
+        rt, pins = self.runtime, self._owned.pins
         for node in self.nodes:
             if node.kind == "copy":
                 for side in ("dst", "src"):
@@ -73,10 +88,6 @@ class HsaGraphExec(GraphExec):
                         addr = arr.__array_interface__["data"][0]
                         node.op[side + "_ptr"] = rt.host.lock(addr, arr.nbytes, arr)
                         pins.append((addr, arr.nbytes))
-        self._host_pins = pins
-        if pins:      # unlocked when the executable dies (a plain weak reference: see _PINNED)
-            ref = weakref.ref(self, lambda r: (_PINNED.discard(r), _unlock_all(rt, pins)))
-            _PINNED.add(ref)
 
     def _plan_lanes(self) -> None:
         """Each node gets a lane: a compute queue (launches, gathers, shader copies) or an SDMA
@@ -99,6 +110,7 @@ class HsaGraphExec(GraphExec):
                     if isinstance(self.lane_of[d], _QueueRef) and self.lane_of[d].device is dev]
             queue = same[-1].queue if same else dev.queues[next(rr) % len(dev.queues)]
             self.lane_of[node] = _QueueRef(dev, queue)
+        self._shader_copies = sum(node.kind == "shader-copy" for node in self.nodes)   # per replay (stats)
 
     def _node_device(self, node: GraphNode) -> Device:
         if node.kind == "launch":
@@ -122,7 +134,6 @@ class HsaGraphExec(GraphExec):
             for dep in node.deps:
                 if self._lane_key(dep) != self._lane_key(node) or node in self.engine_of:
                     self.signaled.add(dep)
-        self._kernarg_blocks = []
         for node in self.nodes:
             if node in self.engine_of:
                 continue
@@ -157,10 +168,17 @@ class HsaGraphExec(GraphExec):
             lane.completions.append((i, node))
 
     def _dispatch_packet(self, device: Device, node: GraphNode, barrier: bool) -> tuple[Any, int]:
+        """The node's dispatch packet, its kernargs in graph-owned memory (built once)."""
+        pkt, header, data, align = self._unplaced_dispatch(device, node, barrier)
+        pkt.kernarg_address = self._graph_kernarg(device, data, align)
+        return pkt, header
+
+    def _unplaced_dispatch(self, device: Device, node: GraphNode, barrier: bool) -> tuple[Any, int, bytes, int]:
+        """(packet, header, kernarg bytes, their alignment): the packet without its kernarg
+        address."""
         kernel, grid, block, values, lengths = self._dispatch_args(device, node, node.op.get("args"))
         loaded = device.loaded(kernel)
         data = pack_args(loaded, values, lengths, grid, block)
-        address = self._graph_kernarg(device, data, loaded.kernarg_align)
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
         pkt.workgroup_size_x, pkt.workgroup_size_y, pkt.workgroup_size_z = tuple(block) + (1,) * (3 - dims)
@@ -168,9 +186,8 @@ class HsaGraphExec(GraphExec):
         pkt.private_segment_size = loaded.private_segment_size
         pkt.group_segment_size = loaded.group_segment_size
         pkt.kernel_object = loaded.kernel_object
-        pkt.kernarg_address = address
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier)
-        return pkt, header | dims << 16
+        return pkt, header | dims << 16, data, loaded.kernarg_align
 
     def _dispatch_args(self, device: Device, node: GraphNode, args: Any) -> tuple:
         if node.kind == "launch":
@@ -186,14 +203,15 @@ class HsaGraphExec(GraphExec):
         """Graph-owned kernarg memory for ``data``, aligned to ``align`` (the kernel's
         kernarg_segment_align, at least 64)."""
         align = max(align, 64)
-        if self._kernarg_blocks:   # skip to the alignment inside the current block
+        blocks = self._owned.blocks
+        if blocks:   # skip to the alignment inside the current block
             pad = -self._kernarg_next % align
             self._kernarg_next += pad
             self._kernarg_room -= pad
-        address, size = self.runtime.kernarg_block(device.agent) if not self._kernarg_blocks or \
+        address, size = self.runtime.kernarg_block(device.agent) if not blocks or \
             self._kernarg_room < len(data) else (None, None)
         if address is not None:
-            self._kernarg_blocks.append(address)
+            blocks.append(address)
             self._kernarg_next, self._kernarg_room = address, size
         address = self._kernarg_next
         ctypes.memmove(address, data, len(data))
@@ -220,6 +238,7 @@ class HsaGraphExec(GraphExec):
             parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed))
         for node, engine in self.engine_of.items():
             parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
+        self.runtime.shader_copies += self._shader_copies
         replay = hub.new_future(label)
         replay.kind = "graph"
         first_dev = self.home_device()
@@ -298,20 +317,30 @@ class HsaGraphExec(GraphExec):
             hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
         fut.preds.extend(waits)
-        name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent, dst.nbytes,
-                                  [w.signal for w in waits], fut.signal)
+        try:
+            name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,
+                                      dst.nbytes, [w.signal for w in waits], fut.signal)
+        except GPUError:
+            # Any other failure of the copy call: by now this replay's futures exist and its
+            # other parts run, waiting on this node's signal; raising would leave them pending
+            # for good. aiogpu's own copy does the node's work instead.
+            name = None
         if name is None:
             name = self._fallback_copy(node, fut, dev, waits)
+            self.runtime.shader_copies += 1
         fut.queue = name
         return fut
 
     def _fallback_copy(self, node: GraphNode, fut: GPUFuture, dev: Device, waits: list) -> str:
-        """The engine chosen at instantiation ran out: this replay copies with a shader."""
+        """The engine chosen at instantiation ran out: this replay copies with a shader. Its
+        kernargs go in the queue's ring, freed when it retires (the executable's blocks hold
+        what every replay reads, written once)."""
         queue = dev.queues[0]
         packets = barrier_and_packets([w.signal for w in waits]) if waits else []
-        pkt, word = self._dispatch_packet(dev, node, False)
+        pkt, word, data, align = self._unplaced_dispatch(dev, node, False)
         pkt.completion_signal.handle = fut.signal
-        group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut)
+        group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut,
+                            data, kernarg_align=align)
         dev.track_on(fut, queue, [], [], [])
         queue.submit(group)
         return queue.name
@@ -324,15 +353,40 @@ class _QueueRef:
         self.device, self.queue = device, queue
 
 
-# The weak references that unlock executables' host pins, kept alive here until they call
-# back. Not weakref.finalize: its exit function walks a global registry, which the waiter
-# thread changes while work retires during the interpreter's exit.
-_PINNED: set[weakref.ref] = set()
+class _Owned:
+    """What an executable owns: its kernarg blocks (``HsaRuntime.kernarg_block``) and the host
+    ranges its copies locked. ``release`` gives them back, once (the executable was closed
+    after its last replay retired, or collected: its replays hold it until they retire, so no
+    packet can still read its kernargs or its host memory). After the runtime's close there is
+    nothing to do: the runtime frees every block and lock itself."""
+
+    __slots__ = ("runtime", "blocks", "pins")
+
+    def __init__(self, runtime: Any):
+        self.runtime = runtime
+        self.blocks: list[int] = []
+        self.pins: list[tuple[int, int]] = []
+
+    def release(self) -> None:
+        rt = self.runtime
+        if rt.closed:
+            return
+        with rt.lock:
+            if rt.closed:
+                return
+            blocks, self.blocks = self.blocks, []
+            pins, self.pins = self.pins, []
+            # (Runs where a replay retires, on the waiter thread too: one failed release is
+            # logged and stops neither the others nor the retirement.)
+            for release, items in ((lambda p: rt.host.unlock(*p), pins), (rt.release_kernarg_block, blocks)):
+                for item in items:
+                    try:
+                        release(item)
+                    except Exception:  # noqa: BLE001
+                        log.exception("releasing %r of a graph executable failed", item)
 
 
-def _unlock_all(rt: Any, pins: list) -> None:
-    if rt.closed:
-        return
-    with rt.lock:
-        for addr, n in pins:
-            rt.host.unlock(addr, n)
+# The weak references that release collected executables (``_Owned``), kept alive here until
+# they call back. Not weakref.finalize: its exit function walks a global registry, which the
+# waiter thread changes while work retires during the interpreter's exit.
+_OWNED: set[weakref.ref] = set()

@@ -30,6 +30,9 @@ class LoadedKernel:
     args: tuple = ()
     hidden: tuple = ()          # codeobject.HiddenArg: dispatch geometry the runtime fills (v5)
     kernarg_align: int = 16     # the kernarg segment's alignment
+    # The code object's memory: ROCr's loader keeps pointing at it (its link map names it) for
+    # as long as the executable exists, so it lives as long as this does (see ``unload_kernel``).
+    code: Any = None
 
 
 def code_object(kernel: Kernel, backend: str, isa: str) -> bytes:
@@ -59,7 +62,8 @@ def needs_compile(kernel: Kernel, backend: str, isa: str) -> bool:
 
 
 def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
-    """Load ``kernel``'s code object for ``agent`` through the executable calls."""
+    """Load ``kernel``'s code object for ``agent`` through the executable calls. The code
+    object's memory is kept with the result until ``unload_kernel``."""
     code = code_object(kernel, api.backend, isa)
     buf = ctypes.create_string_buffer(code, len(code))
     reader = T.hsa_code_object_reader_t()
@@ -98,7 +102,14 @@ def load_kernel(api: Any, agent: Any, kernel: Kernel, isa: str) -> LoadedKernel:
         args=kernel.args,
         hidden=hidden,
         kernarg_align=max(16, info(T.HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, ctypes.c_uint32)),
+        code=buf,
     )
+
+
+def unload_kernel(api: Any, loaded: LoadedKernel) -> None:
+    """Destroy ``loaded``'s executable (no dispatch of it may be pending: its queues are gone);
+    its code object's memory may be freed after this."""
+    api.hsa_executable_destroy(T.hsa_executable_t(loaded.executable))
 
 
 def pack_args(loaded: LoadedKernel, values: list, lengths: list, grid: tuple, block: tuple) -> bytes:

@@ -3,12 +3,15 @@ on SDMA engines, joins as barrier-AND packets, fault handling, and what ``info``
 from __future__ import annotations
 
 import ctypes
+import itertools
+import threading
+import weakref
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .. import ordering
-from ..errors import GPUError
+from ..errors import DeviceLost, GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
 from ..hsa_bindings import types as T
@@ -17,6 +20,7 @@ from ..queues import barrier_and_packets
 from ..runtime import CopyOp, Runtime
 from ..signals import CompletionHub
 from .device import HsaDevice
+from .kernels import unload_kernel
 from .memory import HostLocks
 
 KERNARG_RING_BYTES = 256 << 10
@@ -26,7 +30,7 @@ KERNARG_RING_BYTES = 256 << 10
 # that run longer than this on their own (docs/rocr-model.md says why).
 DEFAULT_WATCHDOG_S = 60.0
 # Options that shape the emulated hardware; given to the real library they raise TypeError.
-EMULATOR_OPTIONS = frozenset({"gpus", "sdma_engines", "xgmi_engines", "compute_units", "eager",
+EMULATOR_OPTIONS = frozenset({"gpus", "rocr_version", "sdma_engines", "xgmi_engines", "compute_units", "eager",
                               "emulator_event_limit", "emulator_min_queue_size", "timeline_records",
                               "engine_history_records"})
 
@@ -36,7 +40,8 @@ class HsaRuntime(Runtime):
 
     Options beyond the core's: ``ring_size`` (AQL packets per queue ring, rounded up to a power
     of two and clamped to what the agent accepts, as ROCr needs; ValueError if not positive), and, for the
-    emulator only, ``gpus``, ``sdma_engines`` and ``xgmi_engines`` (engines per emulated GPU),
+    emulator only, ``gpus``, ``rocr_version`` (``"5.2.3"``, the default, or ``"5.7"``: see
+    ``EmulatedLibrary``), ``sdma_engines`` and ``xgmi_engines`` (engines per emulated GPU),
     ``compute_units``, ``eager`` (the packet processor reads a slot as soon as its header is
     valid), ``emulator_event_limit``, ``emulator_min_queue_size``, ``timeline_records`` and
     ``engine_history_records``. ``watchdog_s`` defaults to ``DEFAULT_WATCHDOG_S`` here.
@@ -90,11 +95,14 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks: list[int] = []
         self.host = HostLocks(self.api, self.all_agents)
         self.memory_faults: list[dict] = []
-        self._event_cb = T.system_event_callback_t(self._on_system_event)
-        self.api.hsa_amd_register_system_event_handler(self._event_cb, None)
+        SYSTEM_EVENTS.attach(self)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
         self.hub.on_timeout = self._on_timeout
+        for index, lost in SYSTEM_EVENTS.lost(self).items():   # earlier in this process
+            if index < len(self.devices):
+                with self.lock:
+                    self._lose(self.devices[index], lost)
 
     def _abandon(self) -> None:
         """A construction that failed part-way: stop the waiter and free what exists."""
@@ -103,8 +111,7 @@ class HsaRuntime(Runtime):
             hub.close()
         for dev in getattr(self, "devices", []):
             dev._destroy()
-        if self.api.backend == "emulator":
-            self.api.hsa_shut_down()
+        SYSTEM_EVENTS.detach(self)
 
     # -- discovery -----------------------------------------------------------------------------
     def _discover_agents(self) -> tuple[Any, list]:
@@ -184,6 +191,12 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks.append(out.value)
         return out.value, KERNARG_RING_BYTES
 
+    def release_kernarg_block(self, address: int) -> None:
+        """Free a block of ``kernarg_block`` before the runtime's close (under the lock; the
+        caller guarantees that no packet reads it any more)."""
+        self._kernarg_blocks.remove(address)
+        self.api.check(self.api.hsa_amd_memory_pool_free(address), "kernarg free")
+
     def agent_of(self, side: Any) -> Any:
         """The agent owning a copy side's memory (the CPU agent for host memory)."""
         return self._cpu if side.host else side.device.agent
@@ -204,6 +217,9 @@ class HsaRuntime(Runtime):
                 addr, n = side.obj.__array_interface__["data"][0], side.obj.nbytes
                 side.ptr = self.host.lock(addr, n, side.obj)
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
+
+    def _engine_may_take(self, op: CopyOp) -> bool:
+        return op.device.engines.may_take(self.agent_of(op.dst), self.agent_of(op.src))
 
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
         """The copy on one of the device's SDMA engines (source device for peer copies and
@@ -231,7 +247,7 @@ class HsaRuntime(Runtime):
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc
             return ordering.failed_without_running(self.hub, op.label, err, [op.dst.state])
-        if name is None:           # the engine ran out between status and submit
+        if name is None:           # the engine ran out between status and submit, or refused
             self._withdraw(fut, live)
             return None
         fut.queue = name
@@ -247,7 +263,10 @@ class HsaRuntime(Runtime):
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
     def _submit_join(self, device: Any, live: list, deps: dict) -> GPUFuture:
-        """A barrier-AND packet (chained five signals at a time) on the device's first queue."""
+        """A barrier-AND packet (chained five signals at a time) on the device's first queue
+        (a working device's, when this one is lost: the join only orders)."""
+        if device.broken is not None:
+            device = next((d for d in self.devices if d.broken is None), device)
         queue = device.queues[0]
         fut = self.hub.new_future(f"gather of {len(deps)}")
         fut.device, fut.kind, fut.lane = device, "join", queue
@@ -271,43 +290,63 @@ class HsaRuntime(Runtime):
         return T.HSA_STATUS_SUCCESS
 
     def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """A GPU memory fault on ``agent`` (waiter thread). ROCr reports it only through this
-        system event, never through a queue callback (Runtime::VMFaultHandler), and KFD has
-        evicted every queue of the process on that device, its SDMA queues included: nothing
-        pending there will complete. Work that completed before is settled as done; the rest
-        fails (what touched ``address`` is named as the cause), and so does work elsewhere that
-        depends on it. The device's compute queues are recreated; its SDMA engines, which ROCr
-        never recreates, are no longer used (its copies run as shader copies)."""
+        """A GPU memory fault on ``agent`` (waiter thread): the device is lost.
+
+        ROCr reports the fault only through this system event, never through a queue callback
+        (Runtime::VMFaultHandler), and KFD has evicted every queue of the process on that device,
+        its SDMA queues included (``kfd_dqm_evict_pasid``). The eviction lasts until the process
+        exits: queues created later are created evicted (KFD ``create_queue`` while
+        ``qpd->evicted``), and ROCr never recreates its copy queues, so even loading a kernel
+        there (``hsa_executable_freeze`` copies the code through them) would wait forever. Work
+        that completed before is settled as done; everything else pending on the device fails
+        with DeviceLost (what touched ``address`` is named as the cause of the fault), and so
+        does work elsewhere that depends on it; every later operation on the device fails at
+        once (``Device.broken``). Other devices go on. The loss is recorded for the process, so
+        a later runtime on the same library finds the device lost too."""
         with self.lock:
             self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
             dev = next((d for d in self.devices if d.agent.handle == agent), None)
-            if dev is None:
+            if dev is None or isinstance(dev.broken, DeviceLost):
                 return
             status = T.HSA_STATUS_ERROR_MEMORY_FAULT
-            mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
-            self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
-            host_address = self.host.to_host(address)   # a locked array's agent address
             # The emulator can say what faulted (a kernel body's access); ROCr gives the address.
             cause = self.api.emulator.memory_fault_cause(address) if self.api.emulator else None
-            for fut in mine:
-                if not fut.done() and any(_touches(k, address) or host_address is not None
-                                          and _touches(k, host_address) for k in fut.keep):
-                    err = GPUError(f"{fut.label}: GPU memory fault at 0x{address:x} (reason 0x{reason:x})",
-                                   status=status, queue=fut.queue, packet=fut.packet)
-                    err.__cause__ = cause
-                    self.hub.fail(fut, err)
-            evicted = GPUError(f"{dev.name}: the driver evicted the device's queues after a GPU memory fault at "
-                               f"0x{address:x} (reason 0x{reason:x})", status=status)
-            evicted.__cause__ = cause
-            dev.engines.lose()
-            for fut in mine:
-                if not fut.retired and ".sdma" in (fut.queue or ""):
-                    err = GPUError(f"{fut.label}: {evicted}", status=status, queue=fut.queue)
-                    err.__cause__ = evicted
-                    self.hub.fail(fut, err)
-                    self.hub.retire_failed(fut)
-            for queue in dev.queues:
-                queue.abort(evicted, -1)
+            lost = DeviceLost(f"{dev.name} was lost to a GPU memory fault at 0x{address:x} (reason 0x{reason:x}): "
+                              f"the driver keeps this process's queues on it evicted, so nothing more runs there; "
+                              f"only a new process recovers it", status=status)
+            lost.__cause__ = cause
+            SYSTEM_EVENTS.lose(self, dev.index, lost)
+            self._lose(dev, lost, address)
+
+    def _lose(self, dev: HsaDevice, lost: DeviceLost, address: int | None = None) -> None:
+        """Mark ``dev`` lost with ``lost`` and fail everything pending on it (under the lock)."""
+        status = lost.status
+        dev.broken = lost
+        dev.engines.lose()
+        mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
+        self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
+        host_address = self.host.to_host(address) if address is not None else None   # a locked array's agent address
+        for fut in mine:
+            if not fut.done() and address is not None and any(
+                    _touches(k, address) or host_address is not None and _touches(k, host_address) for k in fut.keep):
+                err = DeviceLost(f"{fut.label}: GPU memory fault at 0x{address:x}; {lost}",
+                                 status=status, queue=fut.queue, packet=fut.packet)
+                err.__cause__ = lost.__cause__
+                self.hub.fail(fut, err)
+        for fut in mine:
+            if not fut.retired and dev.engines.runs(fut.queue):
+                err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
+                err.__cause__ = lost
+                self.hub.fail(fut, err)
+                self.hub.retire_failed(fut)
+        for queue in dev.queues:
+            queue.abort(lost, -1, lost=lost)
+        for fut in mine:        # anything else of the device (a join, a part future)
+            if not fut.done():
+                err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
+                err.__cause__ = lost
+                self.hub.fail(fut, err)
+                self.hub.retire_failed(fut)
 
     def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
         """A lost or stalled completion on a compute queue: abort that queue, so that what its
@@ -331,6 +370,11 @@ class HsaRuntime(Runtime):
             "kernarg_in_use": sum(q.kernarg.in_use for q in queues),
             "backlog": sum(len(q.backlog) for q in queues),
             "host_locks": self.host.count,
+            "kernarg_blocks": len(self._kernarg_blocks),   # queues' rings and graphs' kernargs
+            # How copies ran: per engine name (gpu0.sdma1 chosen by aiogpu, gpu0.rocr-h2d chosen by
+            # ROCr), and "shader" for aiogpu's own copy kernel.
+            "copies": {**{k: v for d in self.devices for k, v in sorted(d.engines.counts.items())},
+                       "shader": self.shader_copies},
         }
 
     def describe(self) -> str:
@@ -339,15 +383,23 @@ class HsaRuntime(Runtime):
         api = self.api
         optional = "all present" if not api.missing else "absent: " + ", ".join(api.missing)
         lines = [super().describe(), f"optional HSA calls: {optional}"]
+        if api.emulator is not None:
+            lines.append(f"emulated ROCr release: {api.emulator.rocr_version}")
         for agent in self.all_agents():
             lines.append(self._describe_agent(agent))
             for dev in self.devices:
                 if dev.agent.handle == agent.handle:
                     lines.append(f"    queues: {', '.join(f'{q.name} (ring {q.size})' for q in dev.queues)}")
-                    h2d = dev.engines.free_engines(agent, self._cpu)    # per direction (an agent
-                    d2h = dev.engines.free_engines(self._cpu, agent)    # with itself is invalid)
-                    lines.append(f"    SDMA engines free: host-to-device {len(h2d)}, device-to-host {len(d2h)}" + (
-                        "" if api.has_engine_copy else " (library lacks engine calls: shader copies)"))
+                    if dev.engines.lost:
+                        lines.append("    copies: shader copies (SDMA queues lost to a memory fault)")
+                    elif dev.engines.rocr_picks:
+                        lines.append("    copies: hsa_amd_memory_async_copy (no engine calls in this ROCr: "
+                                     "its SDMA queues, or its blit kernels where it has none)")
+                    else:
+                        h2d = dev.engines.free_engines(agent, self._cpu)    # per direction (an agent
+                        d2h = dev.engines.free_engines(self._cpu, agent)    # with itself is invalid)
+                        lines.append(f"    copies: hsa_amd_memory_async_copy_on_engine; SDMA engines free: "
+                                     f"host-to-device {len(h2d)}, device-to-host {len(d2h)}")
         return "\n".join(lines)
 
     def _describe_agent(self, agent: Any) -> str:
@@ -368,11 +420,128 @@ class HsaRuntime(Runtime):
     def _release(self) -> None:
         for dev in self.devices:
             dev._destroy()          # queues first: no packet reads a signal or kernarg after
+        for dev in self.devices:    # then the executables, and with them their code objects' memory
+            for loaded in dev._kernels.values():
+                unload_kernel(self.api, loaded)
+            dev._kernels.clear()
         for block in self._kernarg_blocks:
             self.api.hsa_amd_memory_pool_free(block)
         self.hub.close()
-        if self.backend == "emulator":
-            self.api.hsa_shut_down()
+        SYSTEM_EVENTS.detach(self)     # last: balances the hsa_init this runtime's library made
+
+
+class _SystemEvents:
+    """The process's one ROCr system-event handler per initialised HSA library, and the
+    balance of each runtime's ``hsa_init`` with ``hsa_shut_down``.
+
+    ROCr keeps every handler given to ``hsa_amd_register_system_event_handler`` until its last
+    ``hsa_shut_down`` destroys the runtime (Runtime::SetCustomSystemEventHandler appends to
+    ``system_event_handlers_``; 5.2.3 has no call that removes one). A C callback per Runtime
+    would dangle once that Runtime is collected, so one callback, alive as long as this module,
+    is registered once per initialisation of a library (by the first runtime on it), and hands
+    each event to the live runtimes on that library (held weakly: a collected runtime is simply
+    not called; a closed one has left). Every runtime holds one ``hsa_init`` of its library
+    (made by ``loader``); ``detach`` gives it back. ROCr counts those references: when aiogpu's
+    last one is given back the library is shut down unless someone else in the process still
+    holds one (``hsa_system_get_info`` then still answers), and the next runtime registers the
+    callback again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()              # the registry (the callback takes it)
+        self._opening = threading.Lock()           # attach/detach, shut-down included
+        self._serials = itertools.count(1)
+        self._libraries: dict[int, dict] = {}       # library key -> its entry
+        self._by_serial: dict[int, dict] = {}       # the callback's user data -> the entry
+        self.callback = T.system_event_callback_t(self._on_event)
+
+    @staticmethod
+    def _key(api: Any) -> int:
+        # The real library: its dlopen handle (one ROCr per process, however often loaded);
+        # the emulator: the object, one emulated process each.
+        handle = getattr(api.library, "_handle", None)
+        return handle if handle is not None else id(api.library)
+
+    def attach(self, rt: "HsaRuntime") -> None:
+        """``rt`` receives its library's system events from now on; registers the callback
+        if nobody on this library has since it was initialised. HsaError if ROCr refuses."""
+        api, key = rt.api, self._key(rt.api)
+        with self._opening, self._lock:
+            entry = self._libraries.get(key)
+            if entry is None:
+                entry = {"serial": next(self._serials), "registered": False, "opens": 0,
+                         "runtimes": weakref.WeakSet(), "lost": {}}
+                self._libraries[key] = entry
+                self._by_serial[entry["serial"]] = entry
+                if getattr(api.library, "_handle", None) is None:   # an emulator: forget it with it
+                    weakref.finalize(api.library, self._forget, key)
+            if not entry["registered"]:
+                api.check(api.hsa_amd_register_system_event_handler(self.callback, entry["serial"]),
+                          "hsa_amd_register_system_event_handler")
+                entry["registered"] = True
+            entry["opens"] += 1
+            entry["runtimes"].add(rt)
+            rt._events_attached = True
+
+    def detach(self, rt: "HsaRuntime") -> None:
+        """``rt`` is closing (its queues are destroyed and its waiter stopped): it receives no
+        more events, and its ``hsa_init`` is balanced by ``hsa_shut_down`` (also where
+        ``attach`` was never reached: a construction that failed part-way). Idempotent."""
+        api, key = rt.api, self._key(rt.api)
+        with self._opening:
+            with self._lock:
+                if getattr(rt, "_events_shut_down", False):
+                    return
+                rt._events_shut_down = True
+                entry = self._libraries.get(key)
+                if entry is not None and getattr(rt, "_events_attached", False):
+                    entry["runtimes"].discard(rt)
+                    entry["opens"] -= 1
+            # Without the registry's lock: ROCr's shut-down joins its event thread, which may be
+            # in the callback.
+            api.hsa_shut_down()
+            if entry is not None and entry["opens"] <= 0:
+                # Still initialised (another holder's hsa_init): ROCr keeps the handler.
+                major = ctypes.c_uint16()
+                entry["registered"] = api.hsa_system_get_info(
+                    T.HSA_SYSTEM_INFO_VERSION_MAJOR, ctypes.byref(major)) == T.HSA_STATUS_SUCCESS
+
+    def lose(self, rt: "HsaRuntime", index: int, lost: DeviceLost) -> None:
+        """Device ``index`` of ``rt``'s library is lost for the rest of the process (KFD keeps
+        the process evicted there, whatever runtime or init cycle comes next)."""
+        with self._lock:
+            entry = self._libraries.get(self._key(rt.api))
+            if entry is not None:
+                entry["lost"].setdefault(index, lost)
+
+    def lost(self, rt: "HsaRuntime") -> dict[int, DeviceLost]:
+        """The devices of ``rt``'s library lost earlier in this process, by index."""
+        with self._lock:
+            entry = self._libraries.get(self._key(rt.api))
+            return dict(entry["lost"]) if entry is not None else {}
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            entry = self._libraries.pop(key, None)
+            if entry is not None:
+                self._by_serial.pop(entry["serial"], None)
+
+    def _on_event(self, event_ptr: Any, data: Any) -> int:
+        # A driver thread: find the live runtimes and let each copy out what concerns it.
+        with self._lock:
+            entry = self._by_serial.get(data or 0)
+            runtimes = list(entry["runtimes"]) if entry is not None else []
+        for rt in runtimes:
+            try:
+                rt._on_system_event(event_ptr, None)
+            except Exception:  # noqa: BLE001 - one runtime's trouble must not hide the event from the others
+                pass
+        # No runtime of aiogpu's on this library: the event is not ours to take (for a memory
+        # fault ROCr then reports it and aborts, as it does for a process without handlers).
+        return T.HSA_STATUS_SUCCESS if runtimes else T.HSA_STATUS_ERROR
+
+
+# Module level, never freed: ROCr may call the callback until the process exits.
+SYSTEM_EVENTS = _SystemEvents()
 
 
 def _check_positive(name: str, value: Any, kind: Any) -> None:

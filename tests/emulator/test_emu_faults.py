@@ -85,9 +85,21 @@ def test_memory_fault_evicts_the_device_and_is_only_a_system_event(hsa):
     assert hsa.value(blocked) == 1, "a queue of the faulted device went on running"
     assert not hsa.errors and not hsa.emu.queue_errors       # no queue error callback
     assert hsa.emu.memory_faults[0].handled
-    new = hsa.queue(1)                                       # not modelled: KFD would create it evicted
-    _, later = submit_barriers(hsa, new, 1)
-    assert hsa.wait_zero(later[0])
+
+
+def test_a_faulted_device_stays_evicted_for_the_life_of_the_process(hsa):
+    """KFD keeps the process evicted on the faulted device (``qpd->evicted``): queues created
+    there later are created evicted and never run; other devices go on."""
+    events = register_events(hsa)
+    hsa.emu.faults.memory_fault_at(1, agent=1)
+    q1 = hsa.queue(1)
+    submit_barriers(hsa, q1, 1)
+    assert wait_events(events)
+    _, later = submit_barriers(hsa, hsa.queue(1), 1)
+    _, fine = submit_barriers(hsa, hsa.queue(0), 1)
+    assert hsa.wait_zero(fine[0])
+    assert not hsa.wait_zero(later[0], timeout=0.2), "a queue created on the faulted device ran"
+    assert hsa.emu.evicted == {1}
 
 
 def test_unhandled_memory_fault_is_what_rocr_aborts_on(hsa):
@@ -128,7 +140,7 @@ def test_delay_completions(hsa):
 
 
 def test_reset_turns_everything_off(make_hsa):
-    hsa = make_hsa(eager=True)
+    hsa = make_hsa(eager=True, rocr_version="5.7")       # (engine status tells the SDMA state)
     faults = hsa.emu.faults
     faults.queue_error_at(1)
     faults.lose_completion_at(1)
@@ -166,7 +178,8 @@ def test_kernel_touching_freed_memory_is_a_memory_fault_event(hsa):
     assert hsa.value(done) == 1 and not hsa.errors
 
 
-def test_peer_gpu_needs_allow_access(hsa):
+def test_peer_gpu_needs_allow_access(make_hsa):
+    hsa = make_hsa()
     events = register_events(hsa)
     k = hsa.load_kernel(1, "read", "const u8*", lambda launch, buf: int(buf.sum()))
     mine = hsa.device_alloc(0, 4096)
@@ -174,6 +187,9 @@ def test_peer_gpu_needs_allow_access(hsa):
     q.submit(k.packet((1,), (1,), k.kernargs([mine], [4096]), done))
     assert [e[1:3] for e in wait_events(events)] == [(hsa.gpus[1].handle, mine)]
     assert "allow_access" in hsa.emu.memory_faults[0].reason
+    hsa = make_hsa()            # a new process: the faulted device stays evicted in that one
+    k = hsa.load_kernel(1, "read", "const u8*", lambda launch, buf: int(buf.sum()))
+    mine = hsa.device_alloc(0, 4096)
     hsa.allow(mine, 1)
     q2, done2 = hsa.queue(1), hsa.signal(1)
     q2.submit(k.packet((1,), (1,), k.kernargs([mine], [4096]), done2))

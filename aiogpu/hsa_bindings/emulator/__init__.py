@@ -26,7 +26,8 @@ Beyond the HSA functions, for tests and tools:
 - ``resolve(agent, address, nbytes, write)``: what a GPU sees there, or MemoryFault;
 - ``api_errors`` (emulator-internal exceptions), ``queue_errors`` (every queue error reported,
   with the reason), ``memory_faults`` (every GPU memory fault, with the reason, e.g. use after free),
-  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``gpu_agent(i)``,
+  ``engine_history(gpu)`` (the newest copies each SDMA engine ran), ``blit_stats(gpu)`` (which
+  of ROCr's blits exist, SDMA queue or blit kernel, and how many copies each ran), ``gpu_agent(i)``,
   ``locked_ranges()``, ``signal_stats()``, ``kernarg_mismatches`` (dispatches whose hidden
   geometry arguments, which the body sees, disagree with the packet).
 - ``queue_error_cause(queue_id, packet=None)``: the exception that explains a queue error the
@@ -46,6 +47,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ... import _interrupts
+from ...errors import InjectedFault, KernelError, MemoryFault
 from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
@@ -53,10 +55,10 @@ from .agents import QUEUE_MAX_SIZE, QUEUE_MIN_SIZE, Agent, AgentTable, StatusStr
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
-from .dispatch import KernelError, explanation
+from .dispatch import explanation
 from .events import MemoryFaultRecord, SystemEvents
 from .faults import FaultInjector, FaultRecord
-from .memory import MemoryFault, MemoryManager
+from .memory import MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
 from .sdma import HISTORY_RECORDS, MAX_XGMI_ENGINES, CopyEngines, CopyRecord
@@ -79,16 +81,6 @@ class QueueFault(Exception):
         self.record = record
         super().__init__(f"queue {record.queue} failed at packet {record.packet} "
                          f"({T.status_name(record.status)}): {record.detail}")
-
-
-class InjectedFault(Exception):
-    """A queue error or memory fault that fault injection asked for (``record``: what fired,
-    where and when): the failure was meant to happen."""
-
-    def __init__(self, record: FaultRecord):
-        self.record = record
-        super().__init__(f"injected {record.kind} on GPU {record.agent}, queue {record.queue}, "
-                         f"packet {record.packet}")
 
 
 # Fault records that are injected failures (a torn packet is a writer's bug the eager packet
@@ -170,14 +162,27 @@ def _release() -> None:
 class _State:
     """What hsa_init builds and hsa_shut_down tears down."""
 
-    def __init__(self, ctx: Context, copies: CopyEngines) -> None:
+    def __init__(self, ctx: Context, copies: CopyEngines, evicted: set[int]) -> None:
         self.ctx = ctx
+        self.evicted = evicted      # the emulated process's evicted GPUs (the library's: outlives this)
         self.queues = QueueTable()
         self.copies = copies
+        # ROCr's loader does not copy a code object read from memory: the reader keeps the
+        # caller's pointer and every loaded code object's link-map entry (r_debug, a
+        # memory://<pid>#offset=&size= URI that debuggers and profilers read) names it until
+        # the executable is destroyed (CodeObjectReaderImpl::SetMemory, ExecutableImpl::LoadCodeObject).
+        self.readers: dict[int, tuple[int, int]] = {}                        # reader -> (address, size)
+        self.link_map: dict[int, list[tuple[int, int, bytes]]] = {}          # executable -> (address, size, bytes)
+        self.exe_gpus: dict[int, set[int]] = {}                              # executable -> GPUs loaded for
 
     def evict(self, gpu: int) -> None:
         """KFD after a memory fault on GPU ``gpu``: evict the process's queues there, AQL and
-        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``)."""
+        SDMA (ROCr's blits) alike (``kfd_dqm_evict_pasid``), and keep the process evicted there
+        for its life: KFD restores a process's queues only after evictions it undoes itself
+        (memory pressure, not a VM fault), and ``create_queue`` gives a queue of an evicted
+        process an inactive hardware queue (``q->properties.is_evicted = !!qpd->evicted``),
+        so queues created later never run. ROCr never recreates its blits' SDMA queues."""
+        self.evicted.add(gpu)
         for q in self.queues.all():
             if q.agent.gpu == gpu:
                 q.processor.evict()
@@ -199,10 +204,18 @@ class _State:
         self.ctx.memory.release_all()
 
 
+ROCR_5_2_3, ROCR_5_7 = "5.2.3", "5.7"
+ROCR_VERSIONS = (ROCR_5_2_3, ROCR_5_7)
+
+
 class EmulatedLibrary:
     """The emulated HSA library with ``gpus`` GPU agents (plus the CPU agent).
 
-    Options: ``sdma_engines`` per GPU (ROCr's NumSdmaEngines: 0..2; 0 models SDMA disabled, as
+    Options: ``rocr_version``, the ROCr release modelled: ``"5.2.3"`` (the default: the release
+    Debian ships and aiogpu builds against) exports neither ``hsa_amd_memory_async_copy_on_engine``
+    nor ``hsa_amd_memory_copy_engine_status``, so every copy goes through
+    ``hsa_amd_memory_async_copy`` and ROCr picks the blit; ``"5.7"`` (ROCm 5.7 and later) has
+    both. ``sdma_engines`` per GPU (ROCr's NumSdmaEngines: 0..2; 0 models SDMA disabled, as
     with HSA_ENABLE_SDMA=0), ``xgmi_engines`` per GPU (NumSdmaXgmiEngines, 0..14; with any, all
     GPUs form one xGMI hive), ``compute_units`` worker threads per GPU (how many dispatches
     overlap), ``eager`` packet processor from the start.
@@ -215,12 +228,21 @@ class EmulatedLibrary:
     records) and ``engine_history_records`` (the newest copies per SDMA engine).
     """
 
-    def __init__(self, gpus: int = 2, *, sdma_engines: int = 2, xgmi_engines: int = 0, compute_units: int = 4,
-                 eager: bool = False, emulator_event_limit: int = EVENT_LIMIT,
+    def __init__(self, gpus: int = 2, *, rocr_version: str = ROCR_5_2_3, sdma_engines: int = 2,
+                 xgmi_engines: int = 0, compute_units: int = 4, eager: bool = False,
+                 emulator_event_limit: int = EVENT_LIMIT,
                  emulator_min_queue_size: int = QUEUE_MIN_SIZE, timeline_records: int = DEFAULT_CAPACITY,
                  engine_history_records: int = HISTORY_RECORDS) -> None:
         if gpus < 0 or not 0 <= sdma_engines <= 2 or not 0 <= xgmi_engines <= MAX_XGMI_ENGINES or compute_units < 1:
             raise ValueError("need gpus >= 0, 0 <= sdma_engines <= 2, 0 <= xgmi_engines <= 14 and compute_units >= 1")
+        if rocr_version not in ROCR_VERSIONS:
+            raise ValueError(f"rocr_version must be one of {ROCR_VERSIONS}, got {rocr_version!r}")
+        self.rocr_version = rocr_version
+        if rocr_version == ROCR_5_2_3:
+            # Absent from ROCr 5.2.3 (hsa_ext_amd.cpp has hsa_amd_memory_async_copy only): the
+            # loader, which binds what the library has, finds no such functions.
+            self.hsa_amd_memory_async_copy_on_engine = None
+            self.hsa_amd_memory_copy_engine_status = None
         size = emulator_min_queue_size
         if size < 1 or size & (size - 1) or size > QUEUE_MAX_SIZE:
             raise ValueError(f"emulator_min_queue_size must be a power of two <= {QUEUE_MAX_SIZE}")
@@ -240,6 +262,7 @@ class EmulatedLibrary:
         self.engine_history_records = max(1, engine_history_records)
         self.faults.set_change_hook(self._wake_processors)
         self._state: _State | None = None
+        self.evicted: set[int] = set()   # GPUs KFD keeps this process evicted on (a memory fault)
         self._init_count = 0
         self._lock = threading.RLock()
         self._strings = StatusStrings()
@@ -274,6 +297,17 @@ class EmulatedLibrary:
                 total[outcome] = total.get(outcome, 0) + count
         return total
 
+    def blit_stats(self, gpu: int) -> dict[str, dict]:
+        """Per blit of GPU ``gpu`` created so far (ROCr creates each at its first copy), by its
+        role (``"d2d"``, ``"h2d"``, ``"d2h"`` (also PCIe peer copies), ``"xgmi0"``, ...): whether
+        it is an SDMA queue (``"sdma"``; False: ROCr's blit-kernel fallback) and how many copies
+        it ran (``"copies"``, every outcome)."""
+        out = {}
+        for blit in self._require_state().copies.blits[gpu]:
+            if blit.created:
+                out[blit.role] = {"sdma": blit.is_sdma, "copies": sum(blit.outcomes.values())}
+        return out
+
     def signal_stats(self) -> dict[str, int]:
         """KFD signal events (``events_in_use``, ``events_peak``, ``event_limit``) and what ROCr's
         waits would have done: ``wait_calls`` (each spins up to 200 us), ``busy_waits`` (waits
@@ -286,6 +320,21 @@ class EmulatedLibrary:
     @property
     def initialized(self) -> bool:
         return self._state is not None
+
+    def link_map(self) -> list[tuple[int, int, bool]]:
+        """(address, size, intact) of every code object loaded into a live executable, as
+        ROCr's loader link map names them: ``intact`` is False when the memory there no longer
+        holds the bytes that were loaded (the caller freed or reused it)."""
+        state = self._require_state()
+        with self._lock:
+            entries = [e for loaded in state.link_map.values() for e in loaded]
+        return [(address, size, ctypes.string_at(address, size) == data) for address, size, data in entries]
+
+    @property
+    def init_count(self) -> int:
+        """``hsa_init`` calls not yet balanced by ``hsa_shut_down`` (ROCr's reference count:
+        Runtime::Acquire/Release; the last shut-down destroys the runtime, handlers included)."""
+        return self._init_count
 
     def queue_error_cause(self, queue_id: int, packet: int | None = None) -> BaseException | None:
         """The exception that explains the queue error reported for ``packet`` of queue
@@ -516,6 +565,8 @@ class EmulatedLibrary:
         q.processor = PacketProcessor(state.ctx, q)
         state.queues.add(q)
         q.processor.start()
+        if owner.gpu in state.evicted:      # KFD: created evicted (see _State.evict)
+            q.processor.evict()
         queue[0] = q.pointer
         return T.HSA_STATUS_SUCCESS
 
@@ -603,12 +654,16 @@ class EmulatedLibrary:
     @hsa_function
     def hsa_code_object_reader_create_from_memory(self, code_object: int | None, size: int, reader: Any) -> int:
         handle = self._ctx().code.create_reader(address_of(code_object), size)
+        with self._lock:
+            self._require_state().readers[handle] = (address_of(code_object), size)
         store_handle(reader, handle)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_code_object_reader_destroy(self, reader: T.hsa_code_object_reader_t) -> int:
         self._ctx().code.destroy_reader(reader.handle)
+        with self._lock:
+            self._require_state().readers.pop(reader.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
@@ -625,18 +680,35 @@ class EmulatedLibrary:
         gpu = self._agent(agent)
         require(gpu.is_gpu, T.HSA_STATUS_ERROR_INVALID_AGENT, "code objects load on GPU agents")
         handle = self._ctx().code.load(executable.handle, gpu.gpu, reader.handle)
+        state = self._require_state()
+        with self._lock:
+            address, size = state.readers[reader.handle]
+            state.link_map.setdefault(executable.handle, []).append((address, size, ctypes.string_at(address, size)))
+            state.exe_gpus.setdefault(executable.handle, set()).add(gpu.gpu)
         if loaded_code_object:
             loaded_code_object[0].handle = handle
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_executable_freeze(self, executable: T.hsa_executable_t, options: bytes | None) -> int:
+        """ROCr copies the code segments to the agents here (RegionMemory::Freeze ->
+        GpuAgent::DmaCopy on its blit): on a device KFD keeps evicted that never finishes. The
+        emulator cannot usefully hang: it records the call as a bug of the caller instead."""
+        state = self._require_state()
+        with self._lock:
+            stuck = state.exe_gpus.get(executable.handle, set()) & state.evicted
+        if stuck:
+            raise RuntimeError(f"hsa_executable_freeze for evicted GPU(s) {sorted(stuck)}: ROCr would wait "
+                               f"forever for its evicted blit queue (a memory fault lost the device)")
         self._ctx().code.freeze(executable.handle)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
     def hsa_executable_destroy(self, executable: T.hsa_executable_t) -> int:
         self._ctx().code.destroy_executable(executable.handle)
+        with self._lock:
+            self._require_state().link_map.pop(executable.handle, None)
+            self._require_state().exe_gpus.pop(executable.handle, None)
         return T.HSA_STATUS_SUCCESS
 
     @hsa_function
@@ -683,7 +755,9 @@ class EmulatedLibrary:
                       min_queue_size=self.min_queue_size, name=self.name, queue_errors=self.queue_errors,
                       kernarg_mismatches=self.kernarg_mismatches)
         copies = CopyEngines(ctx, self.sdma_engines, self.xgmi_engines, self.engine_history_records)
-        state = _State(ctx, copies)
+        state = _State(ctx, copies, self.evicted)
+        for gpu in self.evicted:    # a new init cycle in the same (emulated) process: still evicted
+            copies.evict(gpu)
         ctx.events.evict = state.evict
         return state
 

@@ -46,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import KernelError, MemoryFault
 from .. import packets, signature
 from .. import types as T
 from ..emulated_code import EmulatedKernel
 from .context import Context
-from .memory import MemoryFault
 
 MAX_GROUP_SEGMENT = 64 * 1024
 WORKGROUP_MAX_SIZE = 1024
@@ -64,17 +64,6 @@ class Launch:
     block: tuple[int, ...]
     dims: int
     agent: int
-
-
-class KernelError(Exception):
-    """A kernel body raised ``error`` (also the ``__cause__``): which kernel, and the work-items
-    it ran for (the whole grid: a body runs once per dispatch)."""
-
-    def __init__(self, kernel: str, launch: Launch, error: BaseException):
-        self.kernel, self.launch, self.error = kernel, launch, error
-        items = math.prod(launch.grid)
-        super().__init__(f"kernel {kernel} raised {type(error).__name__}: {error} (work-items 0..{items - 1}: "
-                         f"grid {launch.grid}, block {launch.block}, on GPU {launch.agent})")
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ aborts the process; the emulator records that (``MemoryFaultRecord.handled`` Fal
 Faults are kept in ``faults`` with the emulator's explanation (e.g. "use after free"), which the
 C event cannot carry.
 
+The eviction lasts for the life of the process (the emulator instance): queues created later
+on that device are created evicted and never run, across hsa_shut_down/hsa_init too, as KFD
+does while ``qpd->evicted`` (see ``_State.evict``).
+
 Not modelled: ROCr's handler is one-shot (VMFaultHandler returns false, so later faults of the
-process are not reported), and KFD creates queues evicted while the process is evicted (queues
-created after a fault never run on hardware); here every fault is reported and new queues run.
+process are not reported); here every fault is reported.
 """
 from __future__ import annotations
 

@@ -73,7 +73,8 @@ class FaultInjector:
 
     def memory_fault_at(self, k: int, agent: int | None = None) -> None:
         """The k-th packet processed from now raises a GPU memory fault: the device's queues are
-        evicted and the system event handlers are told (no queue error)."""
+        evicted, for the life of the emulated process (queues created there later never run),
+        and the system event handlers are told (no queue error)."""
         self._arm(_Armed("memory_fault", self._check_k(k), agent, T.HSA_STATUS_ERROR_MEMORY_FAULT))
 
     def lose_completion_at(self, k: int, agent: int | None = None) -> None:

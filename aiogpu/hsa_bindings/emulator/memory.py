@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...errors import MemoryFault
 from .. import types as T
 from ._abi import StatusError, new_handle, require, store
 
@@ -42,14 +43,6 @@ PAGE = 4096
 HUGE = 2 << 20
 DEVICE_POOL_SIZE = 16 << 30
 FREED_HISTORY = 4096
-
-
-class MemoryFault(Exception):
-    """A GPU access that would fault: the faulting address, why, and the event's reason mask."""
-
-    def __init__(self, address: int, reason: str, mask: int = T.HSA_AMD_MEMORY_FAULT_PAGE_NOT_PRESENT):
-        self.address, self.reason, self.mask = address, reason, mask
-        super().__init__(f"GPU memory fault at 0x{address:x}: {reason}")
 
 
 @dataclass(eq=False)

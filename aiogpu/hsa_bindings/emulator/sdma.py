@@ -25,7 +25,12 @@ The emulated functions follow ROCr:
   on the device-to-device blit kernel unless ``force_copy_on_sdma``.
 - ``hsa_amd_memory_async_copy`` (``GpuAgent::DmaCopy``, ``GetBlitObject(dst, src, size)``): same
   GPU: the blit kernel; PCIe: host-to-device or device-to-host blit; xGMI: the peer's xGMI blit.
-The copy agent is the source agent when it is a GPU, else the destination agent. Both ranges must
+  It is the only copy call of ROCr 5.2.3 (the emulator's default ``rocr_version``): the blit is
+  ROCr's choice, an SDMA queue, or a blit kernel on the same agent when the SDMA queue could not
+  be created (``GpuAgent::InitDma``'s blit_lambda: ``CreateBlitSdma`` failed, ``CreateBlitKernel``);
+  a busy blit takes the copy behind what it runs (no engine is "free" or "busy" to the caller).
+The copy agent is the source agent when it is a GPU, else the destination agent (ROCr:
+``Runtime::CopyMemory``: ``copy_agent = src_gpu ? src_agent : dst_agent``). Both ranges must
 be reachable by it at submission (else INVALID_ARGUMENT, the emulator's stand-in for a fault).
 
 Each blit is a worker thread with a FIFO: it waits (blocking) until every dependency signal is
@@ -97,6 +102,11 @@ class Blit:
         self._stopping = False
         self.evicted = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def role(self) -> str:
+        """What ROCr uses the blit at this offset for (GpuAgent::InitDma's comments)."""
+        return ("d2d", "h2d", "d2h")[self.offset] if self.offset < XGMI_BASE else f"xgmi{self.offset - XGMI_BASE}"
 
     @property
     def pending(self) -> int:
