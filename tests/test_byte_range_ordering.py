@@ -83,6 +83,7 @@ def test_work_whose_input_failed_leaves_the_view_it_would_write_failed(make_runt
     assert bad.wait(20) and isinstance(bad.exception(), aiogpu.GPUError)
     copied = aiogpu.copy(dst[0:8], src[0:8])
     assert copied.wait(20) and "a dependency failed" in str(copied.exception())
+    assert copied.exception().__cause__ is bad.exception()
     fine = dst[8:16].to_numpy()                            # the other bytes are fine
     assert fine.wait(20) and fine.exception() is None
     later = dst[0:4].to_numpy()
