@@ -371,7 +371,8 @@ class AqlQueue:
         oldest one not complete. The read index is not used: it advances as packets launch, so
         several later packets may be past it when one fails. The rest fail with an error saying
         the queue failed before they completed (or before they were submitted). Once the queue is
-        destroyed none of its packets can run, so everything they held is freed.
+        destroyed none of its packets can run, so everything they held is freed. Work submitted
+        to this queue while the abort runs (by a done-callback it calls) runs on the new queue.
         """
         self.broken = True
         victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
@@ -412,6 +413,10 @@ class AqlQueue:
             self.lost = lost
             return
         self._create()
+        # Work submitted meanwhile (a done-callback without a loop runs inside ``fail`` above, on
+        # this thread) was parked while the queue was broken; no retirement on the new queue
+        # would drain it.
+        self.drain()
 
     @staticmethod
     def _blame(pending: list, failed_at: int | None) -> tuple | None:

@@ -194,8 +194,9 @@ def test_more_than_five_dependencies_chain_over_barrier_packets():
 
 
 def test_signal_pool_keeps_interrupt_signals_bounded_and_reuses_them(make_runtime):
-    """At most ``max_interrupt`` signals with KFD events; beyond that busy-wait signals; a
-    released interrupt signal is handed out again before any busy-wait one, reading 1."""
+    """At most ``max_interrupt`` signals with KFD events; beyond that busy-wait signals; each
+    new one reads 1; a released interrupt signal is handed out again before any busy-wait one,
+    reading 1."""
     from aiogpu.signals import SignalPool, has_interrupt_event
     rt = make_runtime(gpus=1)
     pool = SignalPool(rt.api, max_interrupt=2)
@@ -204,6 +205,7 @@ def test_signal_pool_keeps_interrupt_signals_bounded_and_reuses_them(make_runtim
         assert pool.created == 3 and pool.in_use == 3
         assert [h in pool.interrupt for h in handles] == [True, True, False]
         assert [has_interrupt_event(h) for h in handles] == [True, True, False]
+        assert [pool.views[h].value for h in handles] == [1, 1, 1], "a new signal of either kind reads 1"
         for h in handles:
             rt.api.hsa_signal_store_relaxed(T.hsa_signal_t(h), 0)     # "completed"
             pool.release(h)

@@ -5,18 +5,27 @@ every mutant, or over a seeded random sample of N mutants per file (the whole ru
 a 2-core machine), then prints killed / checked per file and the mutants not killed. A timeout
 (the tests hung) or a crash (segfault) counts as killed; a mutant no selected test reaches counts
 as survived. ``--report`` prints the last run's results only. Needs the ``mutation`` extra.
+
+Each mutant not killed is listed with its reason from ``mutants_not_killed.toml`` beside this
+script (why it is equivalent, or why it is left), or ``no reason recorded``. A reason names the
+change its mutant makes (a ``+`` or ``-`` line of ``mutmut show``): mutmut numbers a function's
+mutants anew when the function changes, so a reason whose mutant no longer makes that change is
+reported as stale.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import pathlib
 import random
 import re
 import subprocess
 import sys
+import tomllib
 
 KILLED = {"killed", "timeout", "segfault"}
 MUTMUT = [sys.executable, "-m", "mutmut"]     # the one installed beside this interpreter
+REASONS = pathlib.Path(__file__).with_name("mutants_not_killed.toml")
 
 
 def results() -> dict[str, str]:
@@ -27,6 +36,29 @@ def results() -> dict[str, str]:
 
 def module(name: str) -> str:
     return name.split(".x", 1)[0]
+
+
+def reasons() -> dict[str, dict[str, str]]:
+    """{mutant name: {"change": mutated line, "why": reason}} from REASONS."""
+    with open(REASONS, "rb") as f:
+        return tomllib.load(f)
+
+
+def reason_for(name: str, known: dict[str, dict[str, str]]) -> str:
+    """Why ``name`` is not killed, if its recorded change is still a line of its diff."""
+    entry = known.get(name)
+    if entry is None:
+        return "no reason recorded"
+    diff = subprocess.run([*MUTMUT, "show", name], capture_output=True, text=True).stdout
+    lines = {_change(line) for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")}
+    if _change(entry["change"]) not in lines:
+        return f"STALE (the mutant no longer makes the change {entry['change']!r}): {entry['why']}"
+    return entry["why"]
+
+
+def _change(line: str) -> str:
+    """A diff line with its sign, whitespace-insensitive."""
+    return line[0] + " ".join(line[1:].split())
 
 
 def main() -> int:
@@ -56,9 +88,11 @@ def main() -> int:
         total.update(counts)
         print(_line(mod, counts))
     print(_line("overall", total))
+    known = reasons()
     for name in names:
         if status.get(name) not in KILLED:
-            print(f"  {status.get(name)}: {name}")
+            why = "" if name not in status or status[name] == "not checked" else f"\n      {reason_for(name, known)}"
+            print(f"  {status.get(name)}: {name}{why}")
     return 0
 
 
