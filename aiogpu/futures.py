@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generator, Generic, Iterator, T
 from . import _loops
 from ._interrupts import InterruptSafeLock
 from . import trace as _trace
-from .errors import BlockingCallError, GPUError, InvalidStateError
+from .errors import BlockingCallError, DeviceLost, GPUError, InvalidStateError
 
 log = logging.getLogger("aiogpu")
 
@@ -1045,9 +1045,12 @@ class FutureHub:
 
     def _propagate(self, fut: GPUFuture, exc: BaseException, posts: dict) -> None:
         # Dependents fail now; their packets still run (on a released signal) and retire later.
+        # Work on a device that was lost is lost with it, whichever failure reaches it first.
+        lost = isinstance(exc, DeviceLost)
         for dep in fut._dependents:
-            err = GPUError(f"{dep.label}: a dependency failed ({fut.label}: {exc})",
-                           status=getattr(exc, "status", None), queue=dep.queue, packet=dep.packet)
+            kind = DeviceLost if lost and dep.device is fut.device else GPUError
+            err = kind(f"{dep.label}: a dependency failed ({fut.label}: {exc})",
+                       status=getattr(exc, "status", None), queue=dep.queue, packet=dep.packet)
             err.__cause__ = exc
             self._finish(dep, err, posts)
         fut._dependents = ()

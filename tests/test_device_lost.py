@@ -111,3 +111,28 @@ def test_a_later_runtime_of_the_process_finds_the_device_lost(monkeypatch):
     finally:
         later.close()
     assert wait_until(lambda: lib.init_count == 0)
+
+
+def test_work_queued_behind_failed_work_on_the_lost_device_fails_with_device_lost_too():
+    """Work on the lost device whose dependency there failed first (the same queue's previous
+    kernel, or an ``after=`` edge) is lost with the device: DeviceLost, not a plain failed
+    dependency, whichever of the two the runtime reaches first."""
+    rt = aiogpu.Runtime("emulator", gpus=2, queues_per_device=1)
+    try:
+        async def go():
+            d0, d1 = rt.devices
+            target = d0.alloc(4096)
+            rt.api.emulator.faults.memory_fault_at(3, agent=0)
+            slow = [d0.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(200,)) for _ in range(3)]
+            up = aiogpu.copy(target, np.ones(4096, np.uint8), after=[slow[0]])
+            behind = d0.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(1,), after=[slow[0]])
+            got = await asyncio.wait_for(asyncio.gather(*slow, up, behind, return_exceptions=True), SOON)
+            assert all(isinstance(o, DeviceLost) for o in got), [(type(o).__name__, str(o)[:80]) for o in got]
+            # elsewhere, a dependent of lost work is a failed dependency, caused by the loss
+            across = d1.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(1,), after=[slow[1]])
+            with pytest.raises(aiogpu.GPUError, match="dependency failed") as info:
+                await asyncio.wait_for(across, SOON)
+            assert not isinstance(info.value, DeviceLost) and isinstance(info.value.__cause__, DeviceLost)
+        asyncio.run(go())
+    finally:
+        rt.close(5)
