@@ -136,6 +136,36 @@ def _close_checked(rt) -> None:
     assert not (emulator and emulator.kernarg_mismatches), emulator.kernarg_mismatches
 
 
+def runtime_factory(backend: str):
+    """The body of a factory fixture: yields ``make(**options)``, which opens a runtime of
+    ``backend`` as ``backend_runtime`` does; once the test is done, closes every runtime it
+    opened after checking that nothing leaked (``_close_checked``)."""
+    made = []
+
+    def make(**options):
+        rt = backend_runtime(backend, **options)
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        _close_checked(rt)
+
+
+def _loop_runners() -> list:
+    out = [pytest.param(asyncio.run, id="asyncio")]
+    try:
+        import uvloop
+        out.append(pytest.param(uvloop.run, id="uvloop"))
+    except ImportError:       # pragma: no cover - uvloop is a dependency off Windows
+        pass
+    return out
+
+
+# How a test runs its coroutine: asyncio.run, and uvloop.run where uvloop is installed.
+LOOP_RUNNERS = _loop_runners()
+
+
 class Ticks:
     """Counts the running loop's iterations: a callback that queues itself again each one
     (as timers and I/O get their turn in each)."""

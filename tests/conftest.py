@@ -12,8 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 
-import aiogpu
-from backends import BACKENDS, BACKENDS_2GPU, _close_checked, backend_runtime
+from backends import BACKENDS, BACKENDS_2GPU, LOOP_RUNNERS, _close_checked, backend_runtime, runtime_factory
 
 # Compiled kernels go to a cache of the test session's own, not the user's (child processes
 # inherit it); tests of the cache itself point it elsewhere.
@@ -27,17 +26,13 @@ def pytest_configure(config):
 @pytest.fixture
 def make_runtime():
     """Factory for emulated runtimes; each is closed and checked for leaks after the test."""
-    made = []
+    yield from runtime_factory("emulator")
 
-    def make(**options):
-        options.setdefault("gpus", 2)
-        rt = aiogpu.Runtime("emulator", **options)
-        made.append(rt)
-        return rt
 
-    yield make
-    for rt in made:
-        _close_checked(rt)
+@pytest.fixture(params=LOOP_RUNNERS)
+def run(request):
+    """How the test runs its coroutine: ``run(main())``, once per event loop (asyncio, uvloop)."""
+    return request.param
 
 
 @pytest.fixture(params=BACKENDS)
@@ -48,16 +43,7 @@ def any_backend(request):
 @pytest.fixture
 def make_any(any_backend):
     """Factory of runtimes of the test's backend; each is closed and checked for leaks."""
-    made = []
-
-    def make(**options):
-        rt = backend_runtime(any_backend, **options)
-        made.append(rt)
-        return rt
-
-    yield make
-    for rt in made:
-        _close_checked(rt)
+    yield from runtime_factory(any_backend)
 
 
 @pytest.fixture

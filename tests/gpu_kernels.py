@@ -175,6 +175,19 @@ def add_const_n(launch, x, c, n):
     x[:n] += c
 
 
+@aiogpu.kernel("const i64*")
+def peek(launch, x):
+    """Reads ``x[0]`` and writes nothing: work that only depends on a buffer."""
+    int(x[0])
+
+
+@aiogpu.kernel("i64*, u32")
+def slow_write(launch, x, ms):
+    """Writes 7 into ``x[0]`` after ``ms`` milliseconds of host time."""
+    time.sleep(ms / 1000)
+    x[0] = 7
+
+
 GATES: dict[int, "threading.Event"] = {}
 
 

@@ -7,23 +7,14 @@ import pytest
 
 import aiogpu
 from backends import wait_for_baseline
-from gpu_kernels import scale
-
-
-def batches(n, size=256):
-    for i in range(n):
-        yield np.full(size, float(i), np.float32)
+from loader_batches import batches, use_batch
 
 
 async def consume(rt, loader, results):
     async for batch in loader:
-        d = batch.device
-        f = d.launch(scale, grid=(256,), block=(256,), args=(batch.data, 2.0, 256), after=[batch.ready])
-        out = np.empty(256, np.float32)
-        done = aiogpu.copy(out, batch.data, after=[f])
-        batch.release()
-        await done
-        results.append((batch.index, d.name, float(out[0])))
+        name = batch.device.name
+        value = await use_batch(batch)
+        results.append((batch.index, name, value))
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

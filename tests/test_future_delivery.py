@@ -16,27 +16,9 @@ import pytest
 import trio
 import trio.testing
 
-from aiogpu.futures import FutureHub, GPUFuture
+from aiogpu.futures import GPUFuture
 from backends import Batches, Ticks
-
-
-class ManualHub(FutureHub):
-    """A hub without a waiter thread: the test settles futures from a thread, as the waiter
-    does (one batch per event loop for everything settled together)."""
-
-    def wake(self) -> None:
-        pass
-
-    def new(self, key: int) -> GPUFuture:
-        fut = GPUFuture(self, f"op{key}", signal=key)
-        with self.lock:
-            self._pending[key] = fut
-        return fut
-
-    def complete(self, *futures: GPUFuture) -> None:
-        t = threading.Thread(target=self._settle, args=([(f.signal, f) for f in futures],))
-        t.start()
-        t.join()
+from fake_hub import ManualHub
 
 
 async def _await(fut):

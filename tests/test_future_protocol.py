@@ -26,21 +26,6 @@ def gate(key: int) -> threading.Event:
     return GATES[key]
 
 
-def runners():
-    out = [pytest.param(asyncio.run, id="asyncio")]
-    try:
-        import uvloop
-        out.append(pytest.param(uvloop.run, id="uvloop"))
-    except ImportError:       # pragma: no cover - uvloop is a dependency off Windows
-        pass
-    return out
-
-
-@pytest.fixture(params=runners())
-def run(request):
-    return request.param
-
-
 def held_and_quick(rt, key):
     """A launch held by gate ``key`` and an independent one, and the gate."""
     d = rt.devices[0]

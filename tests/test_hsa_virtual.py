@@ -16,7 +16,7 @@ import pytest
 
 import aiogpu
 from aiogpu import vkfd
-from backends import ROOT, VIRTUAL_OK, _close_checked, on_hsa_virtual
+from backends import ROOT, VIRTUAL_OK, _close_checked, on_hsa_virtual, runtime_factory
 from gpu_kernels import add_const_n, saxpy, scale
 
 pytestmark = on_hsa_virtual
@@ -24,17 +24,8 @@ pytestmark = on_hsa_virtual
 
 @pytest.fixture
 def make_virtual():
-    made = []
-
-    def make(**options):
-        options.setdefault("gpus", 2)
-        rt = aiogpu.Runtime("hsa-virtual", **options)
-        made.append(rt)
-        return rt
-
-    yield make
-    for rt in made:
-        _close_checked(rt)
+    """Factory for hsa-virtual runtimes; each is closed and checked for leaks after the test."""
+    yield from runtime_factory("hsa-virtual")
 
 
 def counters(rt, gpu: int) -> dict:

@@ -12,11 +12,7 @@ import pytest
 import aiogpu
 from backends import wait_for_baseline
 from gpu_kernels import Gate, scale
-
-
-def batches(n, size=256):
-    for i in range(n):
-        yield np.full(size, float(i), np.float32)
+from loader_batches import batches, use_batch
 
 
 def held(rt) -> int:
@@ -26,22 +22,12 @@ def held(rt) -> int:
     return stats["small_allocations"] + stats["large_allocations"]
 
 
-async def use(batch) -> float:
-    d = batch.device
-    f = d.launch(scale, grid=(256,), block=(256,), args=(batch.data, 2.0, 256), after=[batch.ready])
-    out = np.empty(256, np.float32)
-    done = aiogpu.copy(out, batch.data, after=[f])
-    batch.release()
-    await done
-    return float(out[0])
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_pool_goes_back_when_the_data_ends(rt, backend):
     async def main():
         async with aiogpu.Loader(batches(12), rt.devices, prefetch=2) as loader:
             async for batch in loader:
-                assert await use(batch) == 2.0 * batch.index
+                assert await use_batch(batch) == 2.0 * batch.index
         return loader
 
     loader = anyio.run(main, backend=backend)
@@ -55,7 +41,7 @@ def test_the_pool_and_unconsumed_batches_go_back_on_an_exception(rt):
         with pytest.raises(KeyError):
             async with loader:
                 async for batch in loader:
-                    await use(batch)
+                    await use_batch(batch)
                     if batch.index == 4:
                         for _ in range(10_000):     # let the producer prefetch batches
                             if loader.batches >= 7:
@@ -75,7 +61,7 @@ def test_the_pool_goes_back_when_cancelled(rt):
         with anyio.CancelScope() as scope:
             async with loader:
                 async for batch in loader:
-                    await use(batch)
+                    await use_batch(batch)
                     if batch.index == 3:
                         scope.cancel()
                         await anyio.sleep(1)         # cancelled here
@@ -94,7 +80,7 @@ def test_a_batch_held_past_the_exit_stays_usable_and_goes_back_when_released(rt)
                 if batch.index == 2:
                     kept = batch                    # not released
                 else:
-                    await use(batch)
+                    await use_batch(batch)
         values = await kept.data.to_numpy(np.float32)   # still the device's, unfreed
         return loader, kept, values
 
@@ -117,7 +103,7 @@ def test_the_pool_goes_back_on_a_base_exception(rt):
         with pytest.raises(_Abort):
             async with loader:
                 async for batch in loader:
-                    await use(batch)
+                    await use_batch(batch)
                     if batch.index == 3:
                         raise _Abort
         return loader
@@ -132,7 +118,7 @@ def test_leaving_after_the_runtime_closed_raises_nothing(make_runtime):
     async def main():
         async with aiogpu.Loader(batches(10), rt.devices, prefetch=2) as loader:
             async for batch in loader:
-                await use(batch)
+                await use_batch(batch)
                 if batch.index == 2:
                     rt.close()
                     break

@@ -26,21 +26,6 @@ def gated_write(launch, out, key):
     out[0] = key
 
 
-def runners():
-    out = [pytest.param(asyncio.run, id="asyncio")]
-    try:
-        import uvloop
-        out.append(pytest.param(uvloop.run, id="uvloop"))
-    except ImportError:       # pragma: no cover - uvloop is a dependency off Windows
-        pass
-    return out
-
-
-@pytest.fixture(params=runners())
-def run(request):
-    return request.param
-
-
 class Held:
     """A launch that writes ``key`` into its own buffer once its gate opens."""
 

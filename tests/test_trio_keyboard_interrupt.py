@@ -4,30 +4,11 @@ KeyboardInterrupt itself (not trio's TrioInternalError) and the main task may ca
 callbacks completed with it still run."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import trio
 
-from aiogpu.futures import FutureHub, GPUFuture
-
-
-class ManualHub(FutureHub):
-    """A hub without a waiter thread: the test settles futures from a thread, as the waiter does."""
-
-    def wake(self) -> None:
-        pass
-
-    def new(self, key: int) -> GPUFuture:
-        fut = GPUFuture(self, f"op{key}", signal=key)
-        with self.lock:
-            self._pending[key] = fut
-        return fut
-
-    def complete(self, *futures: GPUFuture) -> None:
-        t = threading.Thread(target=self._settle, args=([(f.signal, f) for f in futures],))
-        t.start()
-        t.join()
+from aiogpu.futures import GPUFuture
+from fake_hub import ManualHub
 
 
 def _interrupt(_fut: GPUFuture) -> None:

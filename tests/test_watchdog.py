@@ -2,22 +2,10 @@
 the device, waiting for it) gets its full time once the lost one has been dealt with."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 import aiogpu
-
-
-@aiogpu.kernel("const i64*")
-def peek(launch, x):
-    int(x[0])
-
-
-@aiogpu.kernel("i64*, u32")
-def slow_write(launch, x, ms):
-    time.sleep(ms / 1000)
-    x[0] = 7
+from gpu_kernels import peek, slow_write
 
 
 def test_only_the_lost_completion_times_out(make_runtime):

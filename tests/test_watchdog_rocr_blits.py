@@ -2,23 +2,11 @@
 them, so a copy queued behind one that waits for a lost completion is held up, not silent."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 import aiogpu
 from aiogpu.futures import cause_chain
-
-
-@aiogpu.kernel("const i64*")
-def peek(launch, x):
-    int(x[0])
-
-
-@aiogpu.kernel("i64*, u32")
-def slow_write(launch, x, ms):
-    time.sleep(ms / 1000)
-    x[0] = 7
+from gpu_kernels import peek, slow_write
 
 
 def test_peer_and_device_to_host_copies_of_a_gpu_name_its_one_pcie_blit(make_runtime):
