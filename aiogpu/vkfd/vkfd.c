@@ -825,11 +825,12 @@ static void retire(vqueue_t *q, uint8_t *pkt, uint64_t r, uint64_t completion, i
   signal_complete(q->node, completion);
 }
 
-/* What the CP sees of the doorbell: ROCr stores the index of the last packet it published
- * (AqlQueue::StoreRelaxed with the write index minus one, after the packet's header), so every
- * packet up to that index has a valid header, or was processed already, whenever the CP reads
- * the value; and the value never decreases (the CP takes it as its new write pointer).
- * Checked each time the engine reads a new value, on every AQL queue, ROCr's own included. */
+/* What the CP sees of the doorbell: the writer stores the index of the last packet it published,
+ * after that packet's header (the HSA writer protocol; ROCr's blit queue in
+ * BlitKernel::ReleaseWriteIndex), so every packet up to that index has a valid header, or was
+ * processed already, whenever the CP reads the value; and the value never decreases (the CP
+ * takes it as its new write pointer). Checked each time the engine reads a new value, on every
+ * AQL queue, ROCr's own included. */
 static void doorbell_check(vqueue_t *q, uint64_t db) {
   if (db == UINT64_MAX || db == q->last_db) return;
   uint64_t prev = q->last_db;
