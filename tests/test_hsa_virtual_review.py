@@ -177,3 +177,16 @@ def test_a_completion_signal_rearmed_after_retirement_does_not_count(raw):
         assert raw.wait_below(s) == 0
         raw.api.hsa_signal_store_screlease(s, 1)   # reused only after it retired
     assert _counts(raw) == before
+
+
+def test_a_stress_run_on_the_real_rocr_keeps_the_rules():
+    """Random kernels, copies, peer copies, gathers and graph replays from 32 tasks: the counters
+    are the process's virtual KFD's, read once the run closed its Runtime."""
+    from aiogpu import vkfd
+    from aiogpu.cli import stress
+
+    stats, leaks = stress.run_stress(ops=1000, gpus=2, seed=11, tasks=32, backend="hsa-virtual")
+    assert (stats.ops, stats.mismatches, stats.unexpected, stats.hangs, leaks) == (1000, 0, 0, 0, {})
+    kfd = vkfd.load()
+    assert sum(kfd.counters(g)["aql_dispatch"] for g in range(2)) > 0
+    assert rule_counts(kfd.counters, 2) == dict.fromkeys(RULES, 0)
