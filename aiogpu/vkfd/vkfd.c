@@ -66,12 +66,14 @@ static pthread_mutex_t g_cfg_lock = PTHREAD_MUTEX_INITIALIZER;
 enum { C_AQL_DISPATCH, C_AQL_BARRIER_AND, C_AQL_BARRIER_OR, C_AQL_VENDOR, C_SDMA_COPY_LINEAR, C_SDMA_BYTES,
        C_SDMA_FENCE, C_SDMA_TRAP, C_SDMA_POLL, C_SDMA_ATOMIC, C_SDMA_CONST_FILL, C_SDMA_TIMESTAMP, C_SDMA_NOP,
        C_BLIT_COPY, C_BLIT_FILL, C_INTERRUPTS, C_LOST_INTERRUPTS, C_QUEUE_ERRORS, C_MEMORY_FAULTS,
-       C_SDMA_QUEUES, C_SDMA_REFUSED, C_AQL_QUEUES, C_COUNT };
+       C_SDMA_QUEUES, C_SDMA_REFUSED, C_AQL_QUEUES, C_DOORBELL_AHEAD, C_DOORBELL_BACKWARDS,
+       C_SIGNAL_REARMED_EARLY, C_COUNT };
 static const char *const COUNTER_NAMES[C_COUNT] = {
   "aql_dispatch", "aql_barrier_and", "aql_barrier_or", "aql_vendor", "sdma_copy_linear", "sdma_bytes",
   "sdma_fence", "sdma_trap", "sdma_poll", "sdma_atomic", "sdma_const_fill", "sdma_timestamp", "sdma_nop",
   "blit_copy", "blit_fill", "interrupts", "lost_interrupts", "queue_errors", "memory_faults",
-  "sdma_queues", "sdma_queues_refused", "aql_queues"};
+  "sdma_queues", "sdma_queues_refused", "aql_queues", "doorbell_ahead", "doorbell_backwards",
+  "signal_rearmed_early"};
 static _Atomic uint64_t g_counters[MAX_NODES][C_COUNT];
 #define COUNT(node, c, n) atomic_fetch_add(&g_counters[(node) < MAX_NODES ? (node) : 0][c], (n))
 
@@ -628,6 +630,11 @@ typedef struct vqueue {
   int destroyed;                  /* under mu: ROCr destroyed it; its memory is gone */
   pthread_mutex_t mu;
   uint64_t *ctl;                  /* our page: doorbell, SDMA rptr and wptr */
+  /* The writer's protocol as the engine observes it (AQL; engine thread only): */
+  uint64_t last_db;               /* the doorbell value last read (UINT64_MAX: never rung) */
+  uint64_t seen;                  /* packets [0, seen) were seen published (valid header) */
+  uint64_t fetch_idx;             /* the packet at the read index when first seen published */
+  int64_t fetch_armed;            /* its completion signal's value then */
 } vqueue_t;
 
 /* A user dispatch handed to a compute unit: the queue waits for it (packets of one queue run in
@@ -640,6 +647,7 @@ typedef struct job {
   uint32_t grid[3];
   uint16_t wg[3];
   uint32_t dims, group, priv;
+  int64_t armed;                  /* the completion signal's value when the packet was fetched */
 } job_t;
 #define COMPUTE_UNITS 4
 
@@ -805,26 +813,57 @@ static atomic_int g_cb_inflight;
 static _Atomic uint64_t g_fault_addr;
 
 /* ------------------------------------------------------------------ AQL command processor */
-static void retire(vqueue_t *q, uint8_t *pkt, uint64_t r, uint64_t completion) {
+static int64_t sig_value(uint64_t h) { return atomic_load(&((vsignal_t *)(uintptr_t)h)->value); }
+
+/* `armed`: the completion signal's value when the engine fetched the packet. A value that went
+ * up since then was stored by the host while the packet was pending: the signal was re-armed
+ * (reused) before this packet retired, and this decrement lands on the new use's count. */
+static void retire(vqueue_t *q, uint8_t *pkt, uint64_t r, uint64_t completion, int64_t armed) {
+  if (completion && sig_value(completion) > armed) COUNT(q->node, C_SIGNAL_REARMED_EARLY, 1);
   __atomic_store_n((uint16_t *)pkt, AQL_INVALID, __ATOMIC_RELEASE);
   __atomic_store_n(q->rptr, r + 1, __ATOMIC_RELEASE);   /* before the signal: its waiter reads it */
   signal_complete(q->node, completion);
 }
 
-static int64_t sig_value(uint64_t h) { return atomic_load(&((vsignal_t *)(uintptr_t)h)->value); }
+/* What the CP sees of the doorbell: the writer stores the index of the last packet it published,
+ * after that packet's header (the HSA writer protocol; ROCr's blit queue in
+ * BlitKernel::ReleaseWriteIndex), so every packet up to that index has a valid header, or was
+ * processed already, whenever the CP reads the value; and the value never decreases (the CP
+ * takes it as its new write pointer). Checked each time the engine reads a new value, on every
+ * AQL queue, ROCr's own included. */
+static void doorbell_check(vqueue_t *q, uint64_t db) {
+  if (db == UINT64_MAX || db == q->last_db) return;
+  uint64_t prev = q->last_db;
+  q->last_db = db;
+  if (prev != UINT64_MAX && db < prev) { COUNT(q->node, C_DOORBELL_BACKWARDS, 1); return; }
+  uint64_t slots = q->ring_size / 64, r = __atomic_load_n(q->rptr, __ATOMIC_ACQUIRE);
+  /* past a full ring: that slot still holds an older packet, the named one cannot be published */
+  if (db >= r + slots) { COUNT(q->node, C_DOORBELL_AHEAD, 1); return; }
+  /* packets from `seen` on were never fetched, so none of them is being retired now */
+  for (uint64_t i = q->seen > r ? q->seen : r; i <= db; i++) {
+    uint16_t h = __atomic_load_n((uint16_t *)(q->ring + (i % slots) * 64), __ATOMIC_ACQUIRE);
+    if ((h & 0xff) == AQL_INVALID) { COUNT(q->node, C_DOORBELL_AHEAD, 1); return; }
+    q->seen = i + 1;
+  }
+}
 
 /* One packet if it can go now; 1 if the queue moved. */
 static int aql_step(vqueue_t *q) {
+  uint64_t db = __atomic_load_n(q->doorbell, __ATOMIC_ACQUIRE);
+  doorbell_check(q, db);
   uint64_t r = *q->rptr;
-  if (!atomic_load(&g_eager)) {
-    uint64_t db = __atomic_load_n(q->doorbell, __ATOMIC_ACQUIRE);
-    if (db == UINT64_MAX || r > db) return 0;
-  }
+  if (!atomic_load(&g_eager) && (db == UINT64_MAX || r > db)) return 0;
   uint8_t *pkt = (uint8_t *)q->ring + (r % (q->ring_size / 64)) * 64;
   uint16_t header = __atomic_load_n((uint16_t *)pkt, __ATOMIC_ACQUIRE);
   int type = header & 0xff;
   if (type == AQL_INVALID) return 0;
   uint64_t completion = *(uint64_t *)(pkt + 56);
+  if (q->fetch_idx != r) {   /* first seen published: the packet is fetched */
+    q->fetch_idx = r;
+    q->fetch_armed = completion ? sig_value(completion) : 0;
+    if (q->seen < r + 1) q->seen = r + 1;
+  }
+  int64_t armed = q->fetch_armed;
   switch (type) {
     case AQL_BARRIER_AND:
     case AQL_BARRIER_OR: {
@@ -833,12 +872,12 @@ static int aql_step(vqueue_t *q) {
       for (int i = 0; i < 5; i++) if (dep[i]) { n++; done += sig_value(dep[i]) == 0; }
       if (type == AQL_BARRIER_AND ? done < n : (n && !done)) return 0;
       COUNT(q->node, type == AQL_BARRIER_AND ? C_AQL_BARRIER_AND : C_AQL_BARRIER_OR, 1);
-      retire(q, pkt, r, completion);
+      retire(q, pkt, r, completion, armed);
       return 1;
     }
     case AQL_VENDOR:   /* AMD_AQL_FORMAT_PM4_IB: ROCr's cache-invalidate IB; nothing to do here */
       COUNT(q->node, C_AQL_VENDOR, 1);
-      retire(q, pkt, r, completion);
+      retire(q, pkt, r, completion, armed);
       return 1;
     case AQL_DISPATCH: {
       uint64_t kobj = *(uint64_t *)(pkt + 32), karg = *(uint64_t *)(pkt + 40);
@@ -854,14 +893,14 @@ static int aql_step(vqueue_t *q) {
       if (karg && !node_can_access(karg, 16, q->node)) { vm_fault(q->node, karg); return 1; }
       if (kernel_kind(kobj) == K_BLIT) {
         int rc = blit_run(q, grid[0], karg);
-        if (rc == 0) retire(q, pkt, r, completion);
+        if (rc == 0) retire(q, pkt, r, completion, armed);
         if (rc <= 0) return 1;
         /* code like a blit kernel's but not dispatched as one: the callback decides */
       }
       job_t *j = calloc(1, sizeof(*j));
       if (!j) return 0;
       *j = (job_t){NULL, q, pkt, r, completion, kobj, karg, {grid[0], grid[1], grid[2]}, {wg[0], wg[1], wg[2]},
-                   dims, *(uint32_t *)(pkt + 28), *(uint32_t *)(pkt + 24)};
+                   dims, *(uint32_t *)(pkt + 28), *(uint32_t *)(pkt + 24), armed};
       vdev_t *d = &g_dev[q->node];
       atomic_store(&q->busy, 1);
       atomic_fetch_add(&q->refs, 1);
@@ -1038,7 +1077,7 @@ static void run_job(job_t *j) {
   }
   pthread_mutex_lock(&q->mu);
   if (!q->destroyed) {
-    if (rc == 0) retire(q, j->pkt, j->r, j->completion);
+    if (rc == 0) retire(q, j->pkt, j->r, j->completion, j->armed);
     else if (rc < 0) vm_fault(q->node, atomic_load(&g_fault_addr));
     else queue_error(q, (uint64_t)rc);
     atomic_store(&q->busy, 0);
@@ -1155,6 +1194,8 @@ EXPORT HSAKMT_STATUS hsaKmtCreateQueue(HSAuint32 node, HSA_QUEUE_TYPE type, HSAu
     q->rptr = r->Queue_read_ptr_aql;
     q->wptr = r->Queue_write_ptr_aql;
     *q->doorbell = UINT64_MAX;
+    q->last_db = UINT64_MAX;
+    q->fetch_idx = UINT64_MAX;
     COUNT(node, C_AQL_QUEUES, 1);
   }
   r->QueueId = q->id;
