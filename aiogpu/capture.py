@@ -123,7 +123,7 @@ class GraphNode:
     def wait_on(self, stream: Any, *, device: Any = None) -> NoReturn:
         self._refuse("making a stream wait on a node")
 
-    def submitted_work(self) -> NoReturn:
+    def _submitted_work(self) -> NoReturn:
         self._refuse("asking a node for its submitted work")
 
     def __repr__(self) -> str:

@@ -238,7 +238,7 @@ class Loader:
         """Whether ``arr`` is staged: large, numeric (the copy refuses the rest), not usable in
         place (pinned memory), and not handed out by the source before (a source cycling
         through a few arrays: pinning each once where it is pays)."""
-        if arr.nbytes < STAGE_MIN or arr.dtype.kind not in "biufc" or rt.host_pinned(arr):
+        if arr.nbytes < STAGE_MIN or arr.dtype.kind not in "biufc" or rt._host_pinned(arr):
             return False
         key, seen = id(arr), self._seen.get(id(arr))
         if seen is not None and seen() is arr:

@@ -52,7 +52,7 @@ class Deferred(GPUFuture):
     def submitted(self) -> bool:
         return self.real is not None
 
-    def submitted_work(self) -> GPUFuture | None:
+    def _submitted_work(self) -> GPUFuture | None:
         """The work this was submitted as; None while it waits for its submission (or, for a
         compile, while it runs); itself once settled without being submitted."""
         return self.real if self.real is not None or self._state == PENDING else self
@@ -85,7 +85,7 @@ def defer(rt: Any, device: Any, label: str, reads: list, writes: list, deps: dic
     fut = Deferred(rt.hub, label)
     fut.device, fut.runtime = device, rt
     fut.deps, fut.submit, fut.compile = deps, submit, compile
-    rt.track(fut, reads, writes, deps)
+    rt._track(fut, reads, writes, deps)
     scope = submission_scope.get()
     if scope is not None:
         scope.append(fut)
@@ -215,7 +215,7 @@ def adopt(hub: Any, fut: Deferred, got: GPUFuture) -> None:
     if got.retired:
         hub._retire(fut)
     else:
-        got.on_retired(lambda: hub._retire(fut))
+        got._on_retired(lambda: hub._retire(fut))
 
 
 def _mirror(hub: Any, fut: Deferred, got: GPUFuture) -> None:

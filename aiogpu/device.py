@@ -2,7 +2,7 @@
 
 The base owns the rules once: argument validation (grid, block, signature, scalars, buffers of
 this device), allocation through the 2 MiB sub-allocator, the kernel cache, the launch front
-(capture, the runtime lock, hazards and ``after=`` through ``Runtime.submit_guarded``) and the
+(capture, the runtime lock, hazards and ``after=`` through ``Runtime._submit_guarded``) and the
 choice of compute lane. A backend subclasses it and implements the hooks below; nothing here
 knows HSA or CUDA.
 
@@ -25,7 +25,7 @@ Hooks (each backend implements them; called under the runtime lock unless said o
 - ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
   built-in fill kernel through ``_submit_kernel``).
 - ``_check_grid(grid, block)``: backend limits beyond the core's (default: none).
-- ``_lane_load(lane) -> int``: how much unretired work a compute lane holds, for ``pick_lane``
+- ``_lane_load(lane) -> int``: how much unretired work a compute lane holds, for ``_pick_lane``
   (default: 0, round-robin).
 - ``_destroy()``: release the device's driver objects (runtime close).
 """
@@ -170,8 +170,8 @@ def check_pointer(device: "Device", kernel: Kernel, i: int, spec: Any, value: An
     another library's array on ``device`` where the backend accepts them (a Foreign)."""
     what = f"{kernel.name} argument {i} ({spec})"
     if not isinstance(value, Buffer):
-        return device.runtime.foreign_argument(device, value, what, write=i in kernel.writes)
-    value.check_usable()
+        return device.runtime._foreign_argument(device, value, what, write=i in kernel.writes)
+    value._check_usable()
     if value.device is not device:
         where = ("a buffer of another runtime" if value.device.runtime is not device.runtime
                  else f"on {value.device.name}")
@@ -254,23 +254,23 @@ class Device:
                        keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
                        waits: Sequence = ()) -> GPUFuture:
         """One dispatch after ``deps`` (``copy``: the CopyOp when it is a shader copy; ``waits``:
-        other libraries' streams whose queued work it must follow, from ``foreign_argument``)."""
+        other libraries' streams whose queued work it must follow, from ``_foreign_argument``)."""
         raise NotImplementedError
 
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> GPUFuture:
         count = buf.nbytes // 4
-        return self._submit_kernel(self.loaded(fill_kernel), f"fill {buf.nbytes} B", self.fill_grid(count), (256,),
+        return self._submit_kernel(self._loaded_kernel(fill_kernel), f"fill {buf.nbytes} B", self._fill_grid(count), (256,),
                                    [buf.address, word, count], [buf.nbytes], deps, [buf], [buf])
 
     def _check_grid(self, grid: tuple, block: tuple) -> None:
         """Backend limits on a validated grid and block (ValueError); none by default."""
 
-    def copy_grid(self, nbytes: int) -> tuple[int, ...]:
+    def _copy_grid(self, nbytes: int) -> tuple[int, ...]:
         """The grid of a shader copy of ``nbytes`` (the built-in copy kernel strides over the
         rest): one work-item a byte, at most ``SHADER_GRID_CAP``."""
         return (min(max(nbytes, 1), SHADER_GRID_CAP),)
 
-    def fill_grid(self, count: int) -> tuple[int, ...]:
+    def _fill_grid(self, count: int) -> tuple[int, ...]:
         """The grid of a fill of ``count`` 32-bit words (the built-in fill kernel strides over
         the rest): one work-item a word, at most ``SHADER_GRID_CAP``."""
         return (min(max(count, 1), SHADER_GRID_CAP),)
@@ -300,13 +300,13 @@ class Device:
         if nbytes > SMALL_LIMIT:       # (only a large request can exceed the device)
             self._check_room(nbytes)
         rt = self.runtime
-        rt.check_open()
+        rt._check_open()
         memory = self.memory
         # The steady state: a piece from the size class's cache, with no lock (see ``take``).
         address = memory.take(nbytes)
         if address is None:
             with rt.lock:
-                rt.check_open()
+                rt._check_open()
                 address = memory.alloc(nbytes)
         buf = Buffer(self, address, nbytes, memory.give_back)
         if rt.track_allocations:       # (for leak reports: Runtime.leaks names where)
@@ -335,14 +335,14 @@ class Device:
         raise OutOfMemoryError(f"{self.name}: out of memory allocating {size} bytes{asked}: more than {whole} "
                                f"({have} free)", requested=size, free=free)
 
-    def out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
+    def _out_of_memory(self, size: int, free: int | None, status: int | None = None) -> OutOfMemoryError:
         """The error a raw allocator raises when the device has no room for ``size`` bytes."""
         have = "unknown" if free is None else f"{free} bytes"
         return OutOfMemoryError(f"{self.name}: out of memory allocating {size} bytes ({have} free)",
                                 requested=size, free=free, status=status)
 
     # -- kernels -------------------------------------------------------------------------------
-    def loaded(self, kernel: Kernel) -> Any:
+    def _loaded_kernel(self, kernel: Kernel) -> Any:
         """``kernel`` loaded on this device (compiled and loaded once, then cached). Raises
         the device's error if it is broken (a lost device loads nothing: it would never finish)."""
         got = self._kernels.get(kernel)
@@ -365,7 +365,7 @@ class Device:
             raise TypeError(f"load takes an aiogpu kernel, got {kernel!r}")
         rt = self.runtime
         with rt.lock:
-            rt.check_open()
+            rt._check_open()
             if kernel in self._kernels:
                 return deferred.completed(rt.hub, f"load {kernel.name}")
             pending = self._compiling.get(kernel)
@@ -390,7 +390,7 @@ class Device:
             with rt.lock:
                 if exc is None and not rt._abandoning:
                     try:
-                        self.loaded(kernel)
+                        self._loaded_kernel(kernel)
                     except BaseException as e:  # noqa: BLE001
                         exc = e
                 elif exc is None:
@@ -399,7 +399,7 @@ class Device:
                     del self._compiling[kernel]
                 deferred.finish_compile(rt, fut, exc)
 
-        rt.compile_in_background(work)
+        rt._compile_in_background(work)
         return fut
 
     def launch(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any] = (), *,
@@ -420,10 +420,10 @@ class Device:
         ``await dev.load(kernel)`` compiles ahead of time.
         """
         rt = self.runtime
-        grid, block = self.shape(kernel, grid, block)
+        grid, block = self._launch_shape(kernel, grid, block)
         values, lengths, buffers = check_args(self, kernel, args)
-        after = rt.check_after(after) if after else []
-        capture = rt.capturing()
+        after = rt._check_after(after) if after else []
+        capture = rt._current_capture()
         keep, waits = _foreign_parts(kernel, buffers, capture is not None) if buffers else ([], [])
         if capture is not None:
             return capture.record_launch(self, kernel, grid, block, tuple(args), after)
@@ -433,10 +433,10 @@ class Device:
         else:
             reads = writes = []
         with rt.lock:
-            rt.check_open()
+            rt._check_open()
             loaded = self._kernels.get(kernel)
             if loaded is None and self.broken is not None:   # fails it at once, loading nothing
-                return rt.submit_guarded(self, kernel.name, reads, writes, after, self._unreachable)
+                return rt._submit_guarded(self, kernel.name, reads, writes, after, self._unreachable)
             if loaded is None:
                 compiling = self._compiling.get(kernel) or self._start_compile(kernel)
                 if compiling is not None and compiling._exc is not None:
@@ -444,23 +444,23 @@ class Device:
                 if compiling is not None and not compiling.done():
                     # (``keep`` and ``waits`` travel with it: the foreign arrays stay alive while
                     # it waits, and it is ordered after their streams when submitted.)
-                    return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
-                        self.loaded(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes,
+                    return rt._submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
+                        self._loaded_kernel(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes,
                         keep=keep, waits=waits), compile=compiling)
-                loaded = self.loaded(kernel)
+                loaded = self._loaded_kernel(kernel)
             if not (reads or writes or after) and self.broken is None:
-                # Nothing to order after on a working device: submit_guarded's fast path, without
+                # Nothing to order after on a working device: _submit_guarded's fast path, without
                 # building the closure it takes.
                 return self._submit_kernel(loaded, kernel.name, grid, block, values, lengths, {}, reads, writes,
                                            keep=keep, waits=waits)
-            return rt.submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
+            return rt._submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
                 loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep=keep, waits=waits))
 
     @staticmethod
     def _unreachable(deps: dict) -> GPUFuture:
-        raise AssertionError("submit_guarded submits nothing on a broken device")
+        raise AssertionError("_submit_guarded submits nothing on a broken device")
 
-    def shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def _launch_shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service
         launching the same shapes again pays a dictionary lookup."""
         key = (kernel, grid, block)
@@ -478,7 +478,7 @@ class Device:
         return got
 
     # -- lanes ---------------------------------------------------------------------------------
-    def pick_lane(self, deps: dict[GPUFuture, Any]) -> Any:
+    def _pick_lane(self, deps: dict[GPUFuture, Any]) -> Any:
         """The compute lane of the newest live dependency on this device (lane order then
         suffices for it), else the least loaded compute lane (an idle one if there is one; ties
         in round-robin order), so independent work spreads and never queues behind a long

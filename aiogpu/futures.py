@@ -94,7 +94,7 @@ class GPUFuture(_FutureProtocol[_T]):
         self._callbacks = ()
         self._cleanup: list[Callable[[], None]] | tuple = ()
         # Rarely used: an empty tuple until the first entry (fewer objects per future for the
-        # garbage collector to track; see add_dependent, add_dep_signal, _on_retire).
+        # garbage collector to track; see _add_dependent, _add_dep_signal, _on_retire).
         self._dependents: list[GPUFuture] | tuple = ()
         self._dep_signals: list[int] | tuple = ()   # signals of other futures that our packets name
         self.retired = signal == 0          # the device is done with it (resources freed)
@@ -125,7 +125,7 @@ class GPUFuture(_FutureProtocol[_T]):
             self._hub.observe(self)
         return self._state != PENDING
 
-    def submitted_work(self) -> "GPUFuture | None":
+    def _submitted_work(self) -> "GPUFuture | None":
         """The future of the device work behind this one: itself (deferred work: what it was
         submitted as, None until then; see ``deferred``)."""
         return self
@@ -390,19 +390,19 @@ class GPUFuture(_FutureProtocol[_T]):
             yield from port.go_on(woken=parked)
         return self.value if seen else self.result()
 
-    def add_dependent(self, fut: "GPUFuture") -> None:
+    def _add_dependent(self, fut: "GPUFuture") -> None:
         """``fut`` fails when this future fails (call under the lock)."""
         if not self._dependents:
             self._dependents = []
         self._dependents.append(fut)  # type: ignore[union-attr]
 
-    def add_dep_signal(self, key: int) -> None:
+    def _add_dep_signal(self, key: int) -> None:
         """A signal our packets name, released when this future retires (call under the lock)."""
         if not self._dep_signals:
             self._dep_signals = []
         self._dep_signals.append(key)  # type: ignore[union-attr]
 
-    def on_retired(self, fn: Callable[[], None]) -> None:
+    def _on_retired(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once this future has retired (call under the lock, before it retired)."""
         if not self._on_retire:
             self._on_retire = []
@@ -675,7 +675,7 @@ class FutureHub:
         if fut.waited:
             return
         fut.waited = True
-        work = fut.submitted_work()
+        work = fut._submitted_work()
         if work is fut:
             if fut._state == PENDING:
                 self._wake_for(fut)
@@ -742,7 +742,7 @@ class FutureHub:
 
         fut._retiring = True
         for p in waiting:
-            p.on_retired(one_retired)
+            p._on_retired(one_retired)
             self.arm(p)           # the host acts on their retirement: wake for it
 
     def _force_retire(self, fut: GPUFuture) -> None:

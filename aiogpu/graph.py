@@ -165,17 +165,17 @@ class GraphExec:
         rt = self.runtime
         patches = self._check_patches(args or {}, grid or {}, block or {})
         with rt.lock:
-            rt.check_open()
+            rt._check_open()
             if self.closed:
                 raise ValueError("this graph executable is closed")
             reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
-            fut = rt.submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
+            fut = rt._submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
                 patches, deps, reads, writes, keep, label))
             self.replays += 1
             if not fut.retired:   # (a replay failed at once for a failed input ran nothing)
                 self._live += 1
-                fut.on_retired(self._replay_retired)
+                fut._on_retired(self._replay_retired)
             return fut
 
     def home_device(self) -> Device:
@@ -224,7 +224,7 @@ class GraphExec:
         else:
             for state in cached[0] + cached[1]:
                 if isinstance(state, Buffer):
-                    state.check_usable()
+                    state._check_usable()
         return cached
 
     def _buffers(self, patches: dict) -> tuple[list, list, list]:
@@ -240,7 +240,7 @@ class GraphExec:
                 kreads, kwrites = kernel.reads, kernel.writes
                 for i, a in enumerate(args):
                     if isinstance(a, Buffer):
-                        a.check_usable()
+                        a._check_usable()
                         # As an ordinary launch: a ``T*`` is read and written (a failed earlier
                         # writer fails the replay), an ``out T*`` only written.
                         if i in kreads:
@@ -251,7 +251,7 @@ class GraphExec:
                 for side, bucket in (("src", reads), ("dst", writes)):
                     s = node.op[side]
                     if isinstance(s, Buffer):
-                        s.check_usable()
+                        s._check_usable()
                         bucket.append(s)
                     else:
                         bucket.append(rt.hazards.host(s.__array_interface__["data"][0], s.nbytes))

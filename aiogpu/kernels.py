@@ -141,7 +141,7 @@ extern "C" __global__ void aiogpu_fill(unsigned int* dst, unsigned int value, un
 """
 
 
-# The HSA grid is capped (Device.copy_grid/fill_grid: a packet's grid size is 32 bits), so these
+# The HSA grid is capped (Device._copy_grid/_fill_grid: a packet's grid size is 32 bits), so these
 # stride over the whole range too.
 COPY_CL = """
 __kernel void aiogpu_copy(__global uchar* dst, __global const uchar* src, ulong n) {

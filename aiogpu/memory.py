@@ -440,7 +440,7 @@ class Buffer:
         No GPU work and no copy. Raises TypeError for a non-numeric dtype or non-integer offset
         or shape, ValueError for an offset or shape outside the buffer, an offset that is not a
         multiple of the item size (from the start of the allocation), or a freed buffer."""
-        self.check_usable()
+        self._check_usable()
         dtype = host_dtype(dtype, "view")
         offset = _index(offset, "view offset")
         if not 0 <= offset < self.nbytes:
@@ -458,7 +458,7 @@ class Buffer:
 
         Bounds are checked, not clipped: IndexError outside the buffer, ValueError for an
         empty selection or a step other than 1, TypeError for other keys."""
-        self.check_usable()
+        self._check_usable()
         n = self._shape[0]
         row = math.prod(self._shape[1:]) * self.dtype.itemsize
         if isinstance(key, slice):
@@ -488,7 +488,7 @@ class Buffer:
                         f"with `await buf.to_numpy()` (or aiogpu.copy into an array)")
 
     # -- lifetime ------------------------------------------------------------------------------
-    def check_usable(self) -> None:
+    def _check_usable(self) -> None:
         """Raise ValueError for a freed buffer (or a view of one), RuntimeClosedError for a
         closed runtime."""
         root = self if self._base is None else self._base
@@ -503,7 +503,7 @@ class Buffer:
         of it, is unusable after. TypeError on a view (it owns no memory: free its ``base``)."""
         if self._base is not None:
             raise TypeError(f"{self!r} is a view; free the buffer it views (its .base)")
-        # No lock: ``users`` only drops to zero under the lock, in ``unuse``, which gives the
+        # No lock: ``users`` only drops to zero under the lock, in ``_unuse``, which gives the
         # memory back itself once ``freed`` is set; ``_give`` makes the two racing callers one.
         if self.freed:
             return
@@ -515,7 +515,7 @@ class Buffer:
                 with self.device.runtime.lock:
                     memory.drain()
 
-    def unuse(self) -> None:
+    def _unuse(self) -> None:
         """One operation using this allocation retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
@@ -532,7 +532,7 @@ class Buffer:
         pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
         closed. TypeError for a non-numeric dtype or inside a graph capture, ValueError when the
         buffer is not a whole number of elements or was freed."""
-        self.check_usable()
+        self._check_usable()
         if dtype is None:
             dtype, shape = self.dtype, self._shape
         else:
@@ -541,18 +541,18 @@ class Buffer:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = (self.nbytes // dtype.itemsize,)
         rt = self.device.runtime
-        if rt.capturing() is not None:
+        if rt._current_capture() is not None:
             # Nothing would fill the new array until a replay, and every replay would overwrite
             # it: a graph copies into host memory the caller owns.
             raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
                             "your own, aiogpu.copy(out, buf), and read it after each replay")
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            rt.check_open()
+            rt._check_open()
             out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
             if len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
-            fut = rt.download(self, out, address, ptr)
+            fut = rt._download(self, out, address, ptr)
         fut.value = out
         return fut
 
@@ -584,7 +584,7 @@ class Buffer:
         if getattr(self.device, "dlpack", None) is None:
             raise NotOnCudaError(f"{what}: {self!r} is on the {self.device.runtime.backend} backend; "
                                  f"only CUDA buffers export device memory")
-        self.check_usable()
+        self._check_usable()
         return self.device
 
     def __repr__(self) -> str:

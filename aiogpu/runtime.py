@@ -7,7 +7,7 @@ emulator) and returns an instance of that backend's registered subclass: ``HsaRu
 chosen; importing aiogpu loads no driver and starts no process.
 
 The base owns: option validation (unknown options raise TypeError on every backend), the one
-lock, buffer hazards and ``after=`` dependencies (``submit_guarded``: failed inputs fail the work
+lock, buffer hazards and ``after=`` dependencies (``_submit_guarded``: failed inputs fail the work
 before it is submitted), bookkeeping after submission (``track``), the fronts of ``copy`` (its
 validation, the direction rule: host-to-device on the destination's engine, device-to-host and
 peer copies on the SOURCE device's, and the shader-copy fallback decision), ``fill`` and
@@ -263,7 +263,7 @@ class Runtime:
         raise NotImplementedError
 
     @staticmethod
-    def check_shared_options(*, queues_per_device: Any, watchdog_s: Any, spin_s: Any,
+    def _check_shared_options(*, queues_per_device: Any, watchdog_s: Any, spin_s: Any,
                              copy_engines: Any) -> None:
         """The values of the options every backend takes, checked before anything starts:
         TypeError for a wrong type, ValueError for a value out of range (naming the option),
@@ -300,16 +300,16 @@ class Runtime:
         self.track_allocations = allocation_frames()
 
     # -- state ---------------------------------------------------------------------------------
-    def check_open(self) -> None:
+    def _check_open(self) -> None:
         """Raise RuntimeClosedError once ``close()`` has begun."""
         if self.closed:
             raise RuntimeClosedError("the aiogpu runtime is closed")
 
-    def capturing(self) -> Any:
+    def _current_capture(self) -> Any:
         """The graph capturing this runtime's operations in this context, else None."""
         return None if _capture._active.get() is None else _capture.current(self)
 
-    def check_after(self, after: Any) -> list[GPUFuture]:
+    def _check_after(self, after: Any) -> list[GPUFuture]:
         """``after=`` as a list of this runtime's GPUFutures (TypeError/ValueError otherwise).
         A graph node is accepted only inside its capture. Another library's CUDA stream or
         event (``is_cuda_sync``) becomes ``stream_future(it)`` now: the work waits, on the
@@ -324,7 +324,7 @@ class Runtime:
         for i, f in enumerate(items):
             if not isinstance(f, GPUFuture):
                 if isinstance(f, _capture.GraphNode):
-                    capture = capture or self.capturing()
+                    capture = capture or self._current_capture()
                     if capture is None:
                         raise ValueError(f"{f!r} is a node of a captured graph; outside its capture, "
                                          f"wait for a replay's future instead")
@@ -340,20 +340,20 @@ class Runtime:
     # -- other libraries' CUDA streams and events ------------------------------------------------
     def stream_future(self, stream: Any, *, device: Device | None = None) -> GPUFuture[None]:
         """See ``aiogpu.stream_future``."""
-        if self.capturing() is not None:
+        if self._current_capture() is not None:
             raise ValueError("a graph cannot capture a wait on another library's stream or event; "
                              "await stream_future(...) before replaying, or pass it to the replay's work")
         with self.lock:
-            self.check_open()
+            self._check_open()
             return self._foreign_future(stream, device)
 
     def wait_on(self, fut: GPUFuture, stream: Any, *, device: Device | None = None) -> None:
         """See ``GPUFuture.wait_on``: the rule (what can wait) here, the driver calls in the
         backend's ``_wait_on``."""
         with self.lock:
-            self.check_open()
+            self._check_open()
             self._foreign_check(stream)
-            got = fut.submitted_work()
+            got = fut._submitted_work()
             if got is None:
                 raise InvalidStateError(f"{fut!r} is not submitted yet (its kernel is compiling): "
                                         f"await it, or await dev.load(kernel) before launching")
@@ -380,7 +380,7 @@ class Runtime:
         raise NotImplementedError
 
     # -- submission (under the lock) -------------------------------------------------------------
-    def submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
+    def _submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
                        submit: Callable[[dict], GPUFuture], *, compile: Any = None,
                        deferred_rw: tuple[list, list] | None = None) -> GPUFuture:
         """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
@@ -408,7 +408,7 @@ class Runtime:
             deps = resolved
         return submit(deps)
 
-    def track(self, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iterable[GPUFuture] = (),
+    def _track(self, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iterable[GPUFuture] = (),
               keep: Iterable = (), cleanup: Iterable[Callable[[], None]] = ()) -> None:
         """Bookkeeping once ``fut`` is submitted: it becomes the last writer of ``writes`` and a
         reader of ``reads``; buffers count it as a user; ``keep`` stays alive and ``cleanup``
@@ -454,20 +454,20 @@ class Runtime:
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``aiogpu.copy``."""
         nbytes = self._check_copy(dst, src)
-        after = self.check_after(after) if after else []
-        capture = self.capturing()
+        after = self._check_after(after) if after else []
+        capture = self._current_capture()
         if capture is not None:
             if not all(isinstance(s, (Buffer, np.ndarray)) for s in (dst, src)):
                 raise TypeError("a graph captures copies of Buffers and NumPy arrays only")
             return capture.record_copy(dst, src, after)
         with self.lock:
-            self.check_open()
+            self._check_open()
             d, s = self._side(dst, "dst", nbytes), self._side(src, "src", nbytes)
             direction, device = _route(d, s)
             label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
-            return self.submit_copy(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
+            return self._copy_op(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
 
-    def download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
+    def _download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
         """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
         ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
         open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
@@ -476,9 +476,9 @@ class Runtime:
         d = CopySide(out, True, None, self.hazards.host(address, n), ptr)
         s = CopySide(buf, False, device, buf, buf.address)
         op = CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out])
-        return self.submit_copy(op, [], fresh_dst=True)
+        return self._copy_op(op, [], fresh_dst=True)
 
-    def submit_copy(self, op: CopyOp, after: list, *, fresh_dst: bool = False) -> GPUFuture:
+    def _copy_op(self, op: CopyOp, after: list, *, fresh_dst: bool = False) -> GPUFuture:
         """Submit a validated copy (under the lock). A small host source that nothing pending
         writes and that is not in the pinned pool is staged (copied into a pinned block) when
         it is submitted: the copy then does not read the caller's array, so it is no reader of
@@ -492,7 +492,7 @@ class Runtime:
             op.stage, rw, reads = True, (reads, writes), []
         if fresh_dst:
             rw, writes = (reads, writes), []
-        return self.submit_guarded(op.device, op.label, reads, writes, after,
+        return self._submit_guarded(op.device, op.label, reads, writes, after,
                                    functools.partial(self._run_copy, op), deferred_rw=rw,
                                    compile=self._copy_kernel_compile(op))
 
@@ -533,7 +533,7 @@ class Runtime:
                 fut = self._submit_copy(op, deps)
             if fut is None:
                 dev, n = op.device, op.nbytes
-                fut = dev._submit_kernel(dev.loaded(copy_kernel), op.label + " (shader)", dev.copy_grid(n),
+                fut = dev._submit_kernel(dev._loaded_kernel(copy_kernel), op.label + " (shader)", dev._copy_grid(n),
                                          (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
                                          [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
                 self.shader_copies += 1
@@ -545,7 +545,7 @@ class Runtime:
         return fut
 
     def _stage(self, op: CopyOp) -> None:
-        """Copy the small host source into a pinned block now (``submit_copy`` chose to). A
+        """Copy the small host source into a pinned block now (``_copy_op`` chose to). A
         deferred copy stages only if still nothing pending writes the source (else the
         backend's ``_host_pointers`` handles it, as any host side whose ``ptr`` is None)."""
         src = op.src
@@ -564,7 +564,7 @@ class Runtime:
         sizes = []
         for name, side in (("dst", dst), ("src", src)):
             if type(side) is Buffer:        # (Buffers have no subclasses: a type test is enough)
-                side.check_usable()
+                side._check_usable()
                 if side.device.runtime is not self:
                     raise ValueError(f"copy {name}: {side!r} belongs to another runtime")
                 sizes.append(side.nbytes)
@@ -621,7 +621,7 @@ class Runtime:
                     f"sources or destinations of aiogpu.copy on CUDA: copy it through a NumPy array)")
         return ""
 
-    def foreign_argument(self, device: Device, obj: Any, what: str, *, write: bool) -> Any:
+    def _foreign_argument(self, device: Device, obj: Any, what: str, *, write: bool) -> Any:
         """Another library's array as a pointer argument of a launch on ``device`` (a
         ``device.Foreign``): ordered by its address range like host memory, after the work
         queued on its stream (CUDA: the ``__cuda_array_interface__`` stream, else the legacy
@@ -647,20 +647,20 @@ class Runtime:
         word = _fill_word(value)
         if not isinstance(buf, Buffer):
             raise TypeError(f"fill takes a Buffer, got {type(buf).__name__}")
-        buf.check_usable()
+        buf._check_usable()
         if buf.nbytes % 4 or buf.offset % 4:
             raise ValueError(f"fill writes 32-bit words; {buf!r} does not start and end on 4-byte "
                              f"boundaries")
-        after = self.check_after(after)
+        after = self._check_after(after)
         dev = buf.device
-        capture = self.capturing()
+        capture = self._current_capture()
         if capture is not None:
             from .kernels import fill_kernel
-            return capture.record_launch(dev, fill_kernel, dev.fill_grid(buf.nbytes // 4), (256,),
+            return capture.record_launch(dev, fill_kernel, dev._fill_grid(buf.nbytes // 4), (256,),
                                          (buf, word, buf.nbytes // 4), after)
         with self.lock:
-            self.check_open()
-            return self.submit_guarded(dev, f"fill {buf.nbytes} B", [], [buf], after,
+            self._check_open()
+            return self._submit_guarded(dev, f"fill {buf.nbytes} B", [], [buf], after,
                                        lambda deps: dev._submit_fill(buf, word, deps))
 
     # -- joins ---------------------------------------------------------------------------------
@@ -669,12 +669,12 @@ class Runtime:
         once every member has settled and the device is done with its work (as trio's nurseries
         and anyio's task groups wait for every child, unlike ``asyncio.gather``), then fails
         with the error of the first member, in argument order, that failed."""
-        futures = self.check_after(list(futures))
-        capture = self.capturing()
+        futures = self._check_after(list(futures))
+        capture = self._current_capture()
         if capture is not None:
             return capture.record_gather(futures)
         with self.lock:
-            self.check_open()
+            self._check_open()
             live = [f for f in futures if not f.retired]
             if not live:
                 err = next((f._exc for f in futures if f._exc is not None), None)
@@ -697,7 +697,7 @@ class Runtime:
     def instantiate(self, graph: Any) -> Any:
         """The executable of a captured ``graph`` (``Graph.instantiate`` calls this)."""
         with self.lock:
-            self.check_open()
+            self._check_open()
             exe = self._instantiate(graph)
             self._graphs.add(exe)
             return exe
@@ -711,7 +711,7 @@ class Runtime:
     def _unpin_host(self, address: int) -> None:
         raise NotImplementedError
 
-    def host_pinned(self, array: np.ndarray) -> bool:
+    def _host_pinned(self, array: np.ndarray) -> bool:
         """Whether copies can use ``array`` where it is, with no pinning or staging: it lies in
         the runtime's pinned pool (backends add memory they keep registered)."""
         return self.pinned.device_pointer(array.__array_interface__["data"][0], array.nbytes) is not None
@@ -855,7 +855,7 @@ class Runtime:
         else:
             self._shutdown()
 
-    def compile_in_background(self, fn: Callable[[], None]) -> None:
+    def _compile_in_background(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on one of the runtime's compile worker threads (two; created at first
         use, so that two kernels compile at once while the event loop runs on)."""
         if self._compiler is None:
@@ -917,7 +917,7 @@ def _retired(hazards: ordering.Hazards, cleanup: list, bufs: list, hosts: list) 
     for fn in cleanup:
         fn()
     for buf in bufs:
-        buf.unuse()
+        buf._unuse()
         ordering.prune(buf)        # finished work (and its results) is not kept alive
     for state in hosts:
         hazards.prune_host(state)

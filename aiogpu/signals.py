@@ -158,9 +158,9 @@ class CompletionHub(FutureHub):
         retires); when ``semantic``, ``fut`` also fails if ``on`` fails. Call under lock with
         ``on`` not yet retired."""
         self.pool.retain(on.signal)
-        fut.add_dep_signal(on.signal)
+        fut._add_dep_signal(on.signal)
         if semantic:
-            on.add_dependent(fut)
+            on._add_dependent(fut)
 
     def wake(self) -> None:
         self.api.hsa_signal_store_screlease(T.hsa_signal_t(self._wake), 1)

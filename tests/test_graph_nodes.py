@@ -39,7 +39,7 @@ def _nodes(rt):
 SYNC_METHODS = [
     ("done", ()), ("cancelled", ()), ("cancel", ()), ("result", ()), ("exception", ()),
     ("wait", (0.01,)), ("add_done_callback", (lambda f: None,)),
-    ("remove_done_callback", (lambda f: None,)), ("submitted_work", ()), ("wait_on", (0,)),
+    ("remove_done_callback", (lambda f: None,)), ("_submitted_work", ()), ("wait_on", (0,)),
 ]
 
 

@@ -58,7 +58,7 @@ def test_a_refused_allocation_trims_the_cache_and_retries(any_rt, monkeypatch):
     def tight(size):                         # the driver refuses until the cache is given back
         if d0.memory.cached_bytes:
             refused.append(size)
-            raise d0.out_of_memory(size, 0)
+            raise d0._out_of_memory(size, 0)
         return real(size)
 
     monkeypatch.setattr(d0.memory, "_raw_alloc", tight)

@@ -177,7 +177,7 @@ def test_code_object_memory_lives_as_long_as_its_executable(monkeypatch):
     lib.hsa_init()                  # keeps the library up after the runtime closes
     rt = aiogpu.Runtime("emulator")
     dev = rt.devices[0]
-    dev.loaded(gpu_kernels.add_const_n)
+    dev._loaded_kernel(gpu_kernels.add_const_n)
     gc.collect()
     sizes = {size for _, size, _ in lib.link_map()}
     junk = [bytes([0xA5]) * size for size in sizes for _ in range(64)]   # reuse what was freed

@@ -433,7 +433,7 @@ def test_a_failed_buffer_is_reset_by_a_fill_or_a_kernel_that_only_writes_it(make
 def test_shader_copy_and_fill_grids_fit_a_dispatch_packet(any_rt):
     d0 = any_rt.devices[0]
     for n in (1, 4096, 4 << 30, (5 << 30) + 3, 16 << 30, 1 << 40):
-        for grid in (d0.copy_grid(n), d0.fill_grid(max(n // 4, 1))):
+        for grid in (d0._copy_grid(n), d0._fill_grid(max(n // 4, 1))):
             assert len(grid) == 1 and 1 <= grid[0] <= 0xFFFFFFFF, (n, grid)
 
 

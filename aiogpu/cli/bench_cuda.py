@@ -69,7 +69,7 @@ class Raw:
         self.dev = dev = rt.devices[0]
         dev.make_current()
         self.stream = check(cu.cuStreamCreate(1), "cuStreamCreate")
-        self.noop = dev.loaded(noop)
+        self.noop = dev._loaded_kernel(noop)
         self.params = self.noop.pack([0])
 
     def launch(self) -> None:
@@ -366,7 +366,7 @@ def graph_raw(dev: Any, nodes: int, reps: int) -> float:
     ``cuGraphLaunch`` and synchronised each replay (what ``graph_replay_us_per_node`` measures
     through aiogpu, which awaits each replay)."""
     from aiogpu.cuda.driver import check, cu
-    loaded = dev.loaded(noop)
+    loaded = dev._loaded_kernel(noop)
     dev.make_current()
     graph = check(cu.cuGraphCreate(0), "cuGraphCreate")
     keep, prev = [], []
@@ -527,7 +527,7 @@ def measure(quick: bool) -> dict:
     rt_ev = aiogpu.Runtime("cuda", event_waits=True)
     try:
         dev, dev_ev = rt.devices[0], rt_ev.devices[0]
-        dev.loaded(spin_ms)
+        dev._loaded_kernel(spin_ms)
         progress(f"round trips, {n} each")
         rt_floor_raw(raw, 50)
         res["floor_sync_us"] = median_us(rt_floor_raw(raw, n))

@@ -123,7 +123,7 @@ class CudaDevice(Device):
         err, ptr = cu.cuMemAlloc(size)
         if int(err) == D.OUT_OF_MEMORY:
             free = cu.cuMemGetInfo()
-            raise self.out_of_memory(size, int(free[1]) if free[0] == 0 else None, int(err))
+            raise self._out_of_memory(size, int(free[1]) if free[0] == 0 else None, int(err))
         return int(D.check((err, ptr), f"cuMemAlloc({size})"))
 
     def _raw_free(self, address: int) -> None:
@@ -198,7 +198,7 @@ class CudaDevice(Device):
 
     _check_grid = blocks
 
-    def copy_grid(self, nbytes: int) -> tuple[int, ...]:
+    def _copy_grid(self, nbytes: int) -> tuple[int, ...]:
         """Shader copies stride over the range (16 bytes a thread a step): at most 8,192 blocks."""
         return (max(1, min(-(-nbytes // (16 * 256)), 8192)) * 256,)
 
@@ -209,7 +209,7 @@ class CudaDevice(Device):
         """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock).
         On the C hot path, where the lane has a completion word and no event is recorded, the
         launch and the word's write are one C call (``submit(..., fused=True)``)."""
-        lane = self.pick_lane(deps) if deps else self.compute[next(self._rr)]
+        lane = self._pick_lane(deps) if deps else self.compute[next(self._rr)]
         params = loaded.pack(values) if loaded.offsets else 0
         func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
         hot = D.HOT
@@ -252,7 +252,7 @@ class CudaDevice(Device):
     def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> Any:
         """``cuMemsetD32Async`` on a compute lane."""
         count, ptr = buf.nbytes // 4, buf.address
-        return self.runtime.submit(self, self.pick_lane(deps), f"fill {buf.nbytes} B", deps,
+        return self.runtime.submit(self, self._pick_lane(deps), f"fill {buf.nbytes} B", deps,
                                    lambda stream: cu.cuMemsetD32Async(ptr, word, count, stream)[0], [], [buf])
 
     # -- interop (Buffer.__cuda_array_interface__ / __dlpack__ delegate here) ------------------------

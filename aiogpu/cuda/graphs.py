@@ -84,7 +84,7 @@ class CudaGraphExec(GraphExec):
 
     def _kernel_params(self, dev: Any, kernel: Any, state: tuple) -> Any:
         values, grid3, block3 = state
-        loaded = dev.loaded(kernel)
+        loaded = dev._loaded_kernel(kernel)
         address, keep = loaded.packed_copy(values)
         self._keep.append(keep)
         p = cu.CUDA_KERNEL_NODE_PARAMS()
@@ -191,7 +191,7 @@ class CudaGraphExec(GraphExec):
                 return                  # (destroyed already, or the runtime's close does it)
             live = [f for f in self.lane.pending if not f.retired]
             if live:                    # work of its lane not retired yet: after that
-                live[-1].on_retired(lambda: self.runtime.hub.post_event(self._destroy_when_idle))
+                live[-1]._on_retired(lambda: self.runtime.hub.post_event(self._destroy_when_idle))
                 return
             self.lane.device.make_current()
             self.destroy()

@@ -92,7 +92,7 @@ def foreign_info(rt: Any, obj: Any, what: str, write: bool) -> tuple[int, int, A
 def _submitted(f: Any) -> Any:
     """The device work behind ``f`` (a deferred launch's submitted work); BufferError while it
     still waits for its kernel's compile (nothing on the device to wait for yet)."""
-    got = f.submitted_work()
+    got = f._submitted_work()
     if got is None:
         raise BufferError(f"{f!r} waits for its kernel's compile: await it (or dev.load(kernel)) "
                           f"before handing the buffer to another library")
@@ -119,7 +119,7 @@ def typestr(dtype: np.dtype) -> str:
 
 
 def cuda_array_interface(buf: Buffer) -> dict:
-    buf.check_usable()
+    buf._check_usable()
     ts = typestr(buf.dtype)
     with buf.device.runtime.lock:
         lane = _writer_lane(buf)
@@ -159,7 +159,7 @@ def _delete(address: int) -> None:
     if entry is not None:
         buf = entry[2]
         with buf.device.runtime.lock:
-            buf.root.unuse()
+            buf.root._unuse()
 
 
 _PyCapsule_New = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
@@ -186,7 +186,7 @@ _DESTRUCTOR = ctypes.cast(_capsule_destructor, ctypes.c_void_p).value
 def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
               copy: Any = None) -> Any:
     """A DLPack capsule of ``buf`` (its dtype and shape, C order) for the consumer's ``stream``."""
-    buf.check_usable()
+    buf._check_usable()
     if copy:
         raise BufferError("aiogpu Buffers are exported without copying (copy=True is not supported)")
     if dl_device is not None and tuple(dl_device) != (KDL_CUDA, buf.device.index):

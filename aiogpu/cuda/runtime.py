@@ -60,7 +60,7 @@ class CudaRuntime(Runtime):
         ok, why = probe()
         if not ok:
             raise BackendUnavailable("cuda", why, FIXES["cuda"])
-        self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
+        self._check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
                                   copy_engines=copy_engines)
         self.completion_words = completion_words
         self.event_waits = event_waits or not completion_words
@@ -177,7 +177,7 @@ class CudaRuntime(Runtime):
                 if dep.retired:
                     continue
                 if semantic:
-                    dep.add_dependent(fut)
+                    dep._add_dependent(fut)
                 if dep._state == PENDING and (getattr(dep, "on_complete", None) or getattr(dep, "host_deps", None)):
                     # Work with host-side completion steps (bounced device-to-host copies): they
                     # run before this future completes, so that its result includes them.
@@ -187,7 +187,7 @@ class CudaRuntime(Runtime):
                     host_deps.extend(d for d in dep.host_deps or () if d._state == PENDING)
             fut.host_deps = host_deps
         events = device.events
-        self.track(fut, reads, writes, deps, keep,
+        self._track(fut, reads, writes, deps, keep,
                    [*cleanup, lambda: events.release(event)] if event is not None else cleanup)
         hub.watch(fut)
         return fut
@@ -223,9 +223,9 @@ class CudaRuntime(Runtime):
         self.devices[0].make_current()
         cu.cuMemHostUnregister(address)
 
-    def host_pinned(self, array: np.ndarray) -> bool:
+    def _host_pinned(self, array: np.ndarray) -> bool:
         """The pinned pool, and arrays a cached registration covers (registered once, reused)."""
-        if super().host_pinned(array):
+        if super()._host_pinned(array):
             return True
         addr = array.__array_interface__["data"][0]
         start, end = addr // hostmem.PAGE * hostmem.PAGE, -(-(addr + array.nbytes) // hostmem.PAGE) * hostmem.PAGE
@@ -394,7 +394,7 @@ class CudaRuntime(Runtime):
         """An event recorded after device-side waits, on the lane of the live futures if they
         share one, else on a compute lane of the device."""
         lanes = {id(f.lane): f.lane for f in live if f.lane is not None}
-        lane = next(iter(lanes.values())) if len(lanes) == 1 else device.pick_lane(deps)
+        lane = next(iter(lanes.values())) if len(lanes) == 1 else device._pick_lane(deps)
         return self.submit(lane.device, lane, f"gather of {len(deps)}", deps, lambda stream: 0, [], [])
 
     def _instantiate(self, graph: Any) -> Any:

@@ -428,5 +428,5 @@ def _snapshot(pending: Any) -> list:
 def _submitted(fut: Any) -> "CudaFuture | None":
     """The CUDA work behind ``fut``: itself, the submitted work of a Deferred, or None (a
     host-settled future: a compile, deferred work not submitted yet)."""
-    work = fut.submitted_work()
+    work = fut._submitted_work()
     return work if isinstance(work, CudaFuture) else None

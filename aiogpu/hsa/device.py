@@ -22,9 +22,9 @@ class HsaDevice(Device):
     def __init__(self, runtime: "HsaRuntime", index: int, agent: Any, pool: Any, *, queues: int,
                  ring: int):
         self.agent, self._pool, self._api = agent, pool, runtime.api
-        super().__init__(runtime, index, runtime.agent_name(agent))
+        super().__init__(runtime, index, runtime._agent_name(agent))
         self.queues = [AqlQueue(runtime.api, runtime.hub, agent, f"{self.name}.q{i}", size=ring,
-                                kernarg=KernargRing(*runtime.kernarg_block(agent)))
+                                kernarg=KernargRing(*runtime._kernarg_block(agent)))
                        for i in range(queues)]
         for queue in self.queues:          # lanes in the core's sense
             queue.device, queue.kind = self, "compute"
@@ -38,9 +38,9 @@ class HsaDevice(Device):
         api, out = self._api, ctypes.c_void_p()
         status = api.hsa_amd_memory_pool_allocate(self._pool, size, 0, ctypes.byref(out))
         if status in (T.HSA_STATUS_ERROR_OUT_OF_RESOURCES, T.HSA_STATUS_ERROR_INVALID_ALLOCATION):
-            raise self.out_of_memory(size, self._memory_free(), status)
+            raise self._out_of_memory(size, self._memory_free(), status)
         api.check(status, f"hsa_amd_memory_pool_allocate({size})")
-        agents = self.runtime.gpu_agents()
+        agents = self.runtime._gpu_agents()
         arr = (T.hsa_agent_t * len(agents))(*agents)
         api.check(api.hsa_amd_agents_allow_access(len(agents), arr, None, out.value),
                   "hsa_amd_agents_allow_access")
@@ -87,7 +87,7 @@ class HsaDevice(Device):
         arguments, their size) fails before the future exists. (``waits`` is always empty here:
         HSA takes no other library's arrays.)"""
         hub = self.runtime.hub
-        queue = self.pick_lane(deps)
+        queue = self._pick_lane(deps)
         kernarg = pack_args(loaded, values, lengths, grid, block)
         if len(kernarg) > queue.kernarg.size:
             raise ValueError(f"{label}: {len(kernarg)} bytes of kernel arguments exceed the kernarg "
@@ -106,26 +106,26 @@ class HsaDevice(Device):
         pkt.completion_signal.handle = fut.signal
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
         packets.append((pkt, header | dims << 16))
-        self.submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg, loaded.kernarg_align)
+        self._submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg, loaded.kernarg_align)
         return fut
 
     def _lane_load(self, lane: AqlQueue) -> int:
         """Packet groups in flight or back-logged on the queue."""
         return len(lane.inflight) + len(lane.backlog)
 
-    def submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
+    def _submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
                      deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"",
                      kernarg_align: int = 16) -> None:
         """Track ``fut`` on ``queue`` and hand it its packets (published now, or back-logged
         until the ring has room)."""
-        self.track_on(fut, queue, reads, writes, deps, keep, cleanup)
+        self._track_on(fut, queue, reads, writes, deps, keep, cleanup)
         queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg,
                                  kernarg_align=kernarg_align))
 
-    def track_on(self, fut: GPUFuture, queue: AqlQueue, reads: Iterable, writes: Iterable, deps: Iterable,
+    def _track_on(self, fut: GPUFuture, queue: AqlQueue, reads: Iterable, writes: Iterable, deps: Iterable,
                  keep: Iterable = (), cleanup: Iterable = ()) -> None:
         """The core's bookkeeping for ``fut``, plus the queue's own when it retires."""
-        self.runtime.track(fut, reads, writes, deps, keep, [*cleanup, lambda: queue.retired(fut)])
+        self.runtime._track(fut, reads, writes, deps, keep, [*cleanup, lambda: queue.retired(fut)])
 
     def _wait_packets(self, fut: GPUFuture, queue: AqlQueue, deps: dict) -> tuple[list, bool]:
         """Barrier-AND packets for dependencies on other queues/engines/devices, and whether the
@@ -139,7 +139,7 @@ class HsaDevice(Device):
             if queue.holds(dep):
                 barrier = True
                 if semantic:
-                    dep.add_dependent(fut)
+                    dep._add_dependent(fut)
             else:
                 hub.depend(fut, dep, semantic=semantic)
                 signals.append(dep.signal)

@@ -177,7 +177,7 @@ class HsaGraphExec(GraphExec):
         """(packet, header, kernarg bytes, their alignment): the packet without its kernarg
         address."""
         kernel, grid, block, values, lengths = self._dispatch_args(device, node, node.op.get("args"))
-        loaded = device.loaded(kernel)
+        loaded = device._loaded_kernel(kernel)
         data = pack_args(loaded, values, lengths, grid, block)
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
@@ -197,7 +197,7 @@ class HsaGraphExec(GraphExec):
         src, dst = node.op["src"], node.op["dst"]
         n = dst.nbytes
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
-        return copy_kernel, device.copy_grid(n), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
+        return copy_kernel, device._copy_grid(n), (256,), [ptr(dst, "dst"), ptr(src, "src"), n], [n, n]
 
     def _graph_kernarg(self, device: Device, data: bytes, align: int = 64) -> int:
         """Graph-owned kernarg memory for ``data``, aligned to ``align`` (the kernel's
@@ -208,7 +208,7 @@ class HsaGraphExec(GraphExec):
             pad = -self._kernarg_next % align
             self._kernarg_next += pad
             self._kernarg_room -= pad
-        address, size = self.runtime.kernarg_block(device.agent) if not blocks or \
+        address, size = self.runtime._kernarg_block(device.agent) if not blocks or \
             self._kernarg_room < len(data) else (None, None)
         if address is not None:
             blocks.append(address)
@@ -226,7 +226,7 @@ class HsaGraphExec(GraphExec):
     def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> GPUFuture:
         hub = self.runtime.hub
         # Everything that can fail comes before any future exists (nothing to leak or undo).
-        packed = {node: pack_args(node.op["device"].loaded(node.op["kernel"]), p["values"], p["lengths"],
+        packed = {node: pack_args(node.op["device"]._loaded_kernel(node.op["kernel"]), p["values"], p["lengths"],
                                   p["grid"], p["block"])
                   for node, p in patches.items()}
         if self._last is not None and not self._last.retired:
@@ -248,7 +248,7 @@ class HsaGraphExec(GraphExec):
         packets = barrier_and_packets([p.signal for p in parts], replay.signal)
         # The replay's own future may retire (fail with its queue) before its parts stop running:
         # they are its predecessors, so later writers of its memory then wait for them.
-        first_dev.track_on(replay, first_dev.queues[0], reads, writes,
+        first_dev._track_on(replay, first_dev.queues[0], reads, writes,
                            head + parts + list(node_futs.values()), keep + [self])
         first_dev.queues[0].submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], replay))
         self._last = replay
@@ -266,7 +266,7 @@ class HsaGraphExec(GraphExec):
             if i is None:
                 continue
             kernargs[i] = packed[node]
-            align = max(align, lane.device.loaded(node.op["kernel"]).kernarg_align)
+            align = max(align, lane.device._loaded_kernel(node.op["kernel"]).kernarg_align)
             g3 = tuple(p["grid"]) + (1,) * (3 - len(p["grid"]))
             b3 = tuple(p["block"]) + (1,) * (3 - len(p["block"]))
             struct.pack_into("<HHHHIII", blob, i * 64 + GRID_OFFSET, *b3, 0, *g3)
@@ -296,7 +296,7 @@ class HsaGraphExec(GraphExec):
         for fut, _ in marks:
             fut.device, fut.kind = lane.device, "dispatch"
             fut.preds.extend(head + waits)     # a node is ordered after the lane's waits
-        lane.device.track_on(segment, lane.queue, [], [], head + waits)
+        lane.device._track_on(segment, lane.queue, [], [], head + waits)
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs,
                                       kernarg_align=align))
         for fut, _ in marks:      # node futures retire with their lane
@@ -341,7 +341,7 @@ class HsaGraphExec(GraphExec):
         pkt.completion_signal.handle = fut.signal
         group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut,
                             data, kernarg_align=align)
-        dev.track_on(fut, queue, [], [], [])
+        dev._track_on(fut, queue, [], [], [])
         queue.submit(group)
         return queue.name
 
@@ -354,7 +354,7 @@ class _QueueRef:
 
 
 class _Owned:
-    """What an executable owns: its kernarg blocks (``HsaRuntime.kernarg_block``) and the host
+    """What an executable owns: its kernarg blocks (``HsaRuntime._kernarg_block``) and the host
     ranges its copies locked. ``release`` gives them back, once (the executable was closed
     after its last replay retired, or collected: its replays hold it until they retire, so no
     packet can still read its kernargs or its host memory). After the runtime's close there is
@@ -378,7 +378,7 @@ class _Owned:
             pins, self.pins = self.pins, []
             # (Runs where a replay retires, on the waiter thread too: one failed release is
             # logged and stops neither the others nor the retirement.)
-            for release, items in ((lambda p: rt.host.unlock(*p), pins), (rt.release_kernarg_block, blocks)):
+            for release, items in ((lambda p: rt.host.unlock(*p), pins), (rt._release_kernarg_block, blocks)):
                 for item in items:
                     try:
                         release(item)

@@ -84,7 +84,7 @@ class HsaRuntime(Runtime):
     def __init__(self, backend: str | None = None, *, queues_per_device: int = 2, ring_size: int = 1024,
                  watchdog_s: float | None = DEFAULT_WATCHDOG_S, copy_engines: bool = True, spin_s: float = 0.0,
                  **emulator_options: Any):
-        self.check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
+        self._check_shared_options(queues_per_device=queues_per_device, watchdog_s=watchdog_s, spin_s=spin_s,
                                   copy_engines=copy_engines)
         _check_positive("ring_size", ring_size, int)
         name, reason = self._chosen
@@ -102,7 +102,7 @@ class HsaRuntime(Runtime):
         self._cpu, self._gpus = self._discover_agents()
         self._kernarg_pool, self._system_pool = self._host_pools()
         self._kernarg_blocks: list[int] = []
-        self.host = HostLocks(self.api, self.all_agents)
+        self.host = HostLocks(self.api, self._all_agents)
         self.memory_faults: list[dict] = []
         SYSTEM_EVENTS.attach(self)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
@@ -145,7 +145,7 @@ class HsaRuntime(Runtime):
             raise RuntimeError("the HSA runtime reports no CPU agent")
         return cpu, gpus
 
-    def pools(self, agent: Any) -> list[tuple[Any, int]]:
+    def _agent_pools(self, agent: Any) -> list[tuple[Any, int]]:
         """(pool, global flags) of every allocatable global pool of ``agent``."""
         api, out = self.api, []
 
@@ -163,50 +163,50 @@ class HsaRuntime(Runtime):
         return out
 
     def _find_pool(self, agent: Any, want: Any) -> Any:
-        for pool, flags in self.pools(agent):
+        for pool, flags in self._agent_pools(agent):
             if want(flags):
                 return pool
-        raise RuntimeError(f"no suitable memory pool on agent {self.agent_name(agent)}")
+        raise RuntimeError(f"no suitable memory pool on agent {self._agent_name(agent)}")
 
     def _host_pools(self) -> tuple[Any, Any]:
         kernarg = self._find_pool(self._cpu, lambda f: f & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT)
         system = self._find_pool(self._cpu, lambda f: f & T.HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED)
         return kernarg, system
 
-    def agent_name(self, agent: Any) -> str:
+    def _agent_name(self, agent: Any) -> str:
         """The HSA agent's name (its ISA for GPUs, e.g. ``gfx90a``)."""
         name = ctypes.create_string_buffer(64)
         self.api.hsa_agent_get_info(agent, T.HSA_AGENT_INFO_NAME, name)
         return name.value.decode(errors="replace")
 
-    def gpu_agents(self) -> list:
+    def _gpu_agents(self) -> list:
         """The GPU agents, in device order."""
         return [agent for agent, _ in self._gpus]
 
-    def all_agents(self) -> list:
+    def _all_agents(self) -> list:
         """The CPU agent, then the GPU agents."""
-        return [self._cpu, *self.gpu_agents()]
+        return [self._cpu, *self._gpu_agents()]
 
-    def kernarg_block(self, agent: Any) -> tuple[int, int]:
+    def _kernarg_block(self, agent: Any) -> tuple[int, int]:
         """(address, size) of kernarg memory for one queue's ring, visible to every GPU agent
         (graph kernargs may serve every device)."""
         out = ctypes.c_void_p()
         self.api.check(self.api.hsa_amd_memory_pool_allocate(self._kernarg_pool, KERNARG_RING_BYTES, 0,
                                                              ctypes.byref(out)), "kernarg allocation")
-        agents = self.gpu_agents()
+        agents = self._gpu_agents()
         arr = (T.hsa_agent_t * len(agents))(*agents)
         self.api.check(self.api.hsa_amd_agents_allow_access(len(agents), arr, None, out.value),
                        "kernarg access")
         self._kernarg_blocks.append(out.value)
         return out.value, KERNARG_RING_BYTES
 
-    def release_kernarg_block(self, address: int) -> None:
-        """Free a block of ``kernarg_block`` before the runtime's close (under the lock; the
+    def _release_kernarg_block(self, address: int) -> None:
+        """Free a block of ``_kernarg_block`` before the runtime's close (under the lock; the
         caller guarantees that no packet reads it any more)."""
         self._kernarg_blocks.remove(address)
         self.api.check(self.api.hsa_amd_memory_pool_free(address), "kernarg free")
 
-    def agent_of(self, side: Any) -> Any:
+    def _agent_of(self, side: Any) -> Any:
         """The agent owning a copy side's memory (the CPU agent for host memory)."""
         return self._cpu if side.host else side.device.agent
 
@@ -228,7 +228,7 @@ class HsaRuntime(Runtime):
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
 
     def _engine_may_take(self, op: CopyOp) -> bool:
-        return op.device.engines.may_take(self.agent_of(op.dst), self.agent_of(op.src))
+        return op.device.engines.may_take(self._agent_of(op.dst), self._agent_of(op.src))
 
     def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
         """The copy on one of the device's SDMA engines (source device for peer copies and
@@ -236,7 +236,7 @@ class HsaRuntime(Runtime):
         that refuses the copy with another error fails it: the future returned has failed
         (what it would have written reads as failed) and the host memory it locked is released."""
         device: HsaDevice = op.device
-        dst_agent, src_agent = self.agent_of(op.dst), self.agent_of(op.src)
+        dst_agent, src_agent = self._agent_of(op.dst), self._agent_of(op.src)
         engine = device.engines.pick(dst_agent, src_agent)
         if engine is None:
             return None
@@ -260,7 +260,7 @@ class HsaRuntime(Runtime):
             self._withdraw(fut, live)
             return None
         fut.queue = name
-        self.track(fut, op.reads, [op.dst.state], live, op.keep, op.cleanup)
+        self._track(fut, op.reads, [op.dst.state], live, op.keep, op.cleanup)
         return fut
 
     def _withdraw(self, fut: GPUFuture, live: list) -> None:
@@ -282,7 +282,7 @@ class HsaRuntime(Runtime):
         for dep in live:
             self.hub.depend(fut, dep, semantic=deps[dep])
         packets = barrier_and_packets([d.signal for d in live], fut.signal)
-        device.submit_group(fut, queue, packets, [], [], live)
+        device._submit_group(fut, queue, packets, [], [], live)
         return fut
 
     def _instantiate(self, graph: Any) -> Any:
@@ -401,7 +401,7 @@ class HsaRuntime(Runtime):
                          f"command processor")
         if api.emulator is not None:
             lines.append(f"emulated ROCr release: {api.emulator.rocr_version}")
-        for agent in self.all_agents():
+        for agent in self._all_agents():
             lines.append(self._describe_agent(agent))
             for dev in self.devices:
                 if dev.agent.handle == agent.handle:
@@ -425,8 +425,8 @@ class HsaRuntime(Runtime):
         product = ctypes.create_string_buffer(64)
         api.hsa_agent_get_info(agent, T.HSA_AMD_AGENT_INFO_PRODUCT_NAME, product)
         kind_name = {T.HSA_DEVICE_TYPE_CPU: "CPU", T.HSA_DEVICE_TYPE_GPU: "GPU"}.get(kind.value, "DSP")
-        lines = [f"agent {self.agent_name(agent)} [{kind_name}] {product.value.decode(errors='replace')}"]
-        for pool, flags in self.pools(agent):
+        lines = [f"agent {self._agent_name(agent)} [{kind_name}] {product.value.decode(errors='replace')}"]
+        for pool, flags in self._agent_pools(agent):
             size = ctypes.c_size_t()
             api.hsa_amd_memory_pool_get_info(pool, T.HSA_AMD_MEMORY_POOL_INFO_SIZE, ctypes.byref(size))
             kinds = [n for bit, n in ((1, "kernarg"), (2, "fine-grained"), (4, "coarse-grained")) if flags & bit]

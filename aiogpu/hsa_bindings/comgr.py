@@ -114,9 +114,9 @@ def default_options() -> tuple[str, ...]:
     return ("-O3", *header)
 
 
-def isa_name(agent_name: str) -> str:
+def isa_name(_agent_name: str) -> str:
     """comgr's ISA name for an HSA agent name such as ``gfx90a``."""
-    return agent_name if agent_name.startswith("amdgcn-") else f"amdgcn-amd-amdhsa--{agent_name}"
+    return _agent_name if _agent_name.startswith("amdgcn-") else f"amdgcn-amd-amdhsa--{_agent_name}"
 
 
 def compile_opencl(source: str, isa: str, *, options: tuple[str, ...] | None = None) -> bytes:
