@@ -180,10 +180,11 @@ def _submit_deferred(rt: Any, fut: Deferred) -> None:
         err = GPUError(f"{fut.label}: its kernel did not compile: {cause}")
         err.__cause__ = cause
     else:
-        err = ordering.failed_dependency(deps) if deps else None
         broken = getattr(fut.device, "broken", None)
-        if err is None and broken is not None:
+        if broken is not None:      # a lost device first, as Runtime._submit_guarded does
             err = ordering.broken_error(fut.label, broken)
+        else:
+            err = ordering.failed_dependency(deps) if deps else None
     if err is None:
         rt._replaying += 1
         try:

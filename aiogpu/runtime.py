@@ -390,13 +390,14 @@ class Runtime:
         operation is deferred: see ``deferred.py``). ``deferred_rw``, when given, is the
         (reads, writes) to record instead if it is deferred: what orders an operation submitted
         now may be less (a host source staged now is no reader; fresh memory has no history)."""
-        if reads or writes or after:
+        # A broken device first: work offered to a lost device is lost, failed inputs or not.
+        if device.broken is not None:
+            deps, err = {}, ordering.broken_error(label, device.broken)
+        elif reads or writes or after:
             deps = ordering.dependencies(reads, writes, after)
             err = ordering.failed_dependency(deps) if deps else None
         else:                                     # the fast path: nothing to order after
             deps, err = {}, None
-        if err is None and device.broken is not None:
-            err = ordering.broken_error(label, device.broken)
         if err is not None:
             return ordering.failed_without_running(self.hub, label, err, writes)
         if deps or compile is not None:          # (deferred work in deps: its submitted work)

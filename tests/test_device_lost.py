@@ -128,6 +128,10 @@ def test_work_queued_behind_failed_work_on_the_lost_device_fails_with_device_los
             behind = d0.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(1,), after=[slow[0]])
             got = await asyncio.wait_for(asyncio.gather(*slow, up, behind, return_exceptions=True), SOON)
             assert all(isinstance(o, DeviceLost) for o in got), [(type(o).__name__, str(o)[:80]) for o in got]
+            # offered to the lost device after its failed input: lost too, not a failed input
+            with pytest.raises(DeviceLost):
+                await asyncio.wait_for(d0.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(1,),
+                                                 after=[slow[0]]), SOON)
             # elsewhere, a dependent of lost work is a failed dependency, caused by the loss
             across = d1.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(1,), after=[slow[1]])
             with pytest.raises(aiogpu.GPUError, match="dependency failed") as info:
