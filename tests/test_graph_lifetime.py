@@ -158,6 +158,10 @@ except ValueError as e:
 wait_for_baseline(rt, 20)
 assert aiogpu.copy(x, np.zeros(16, np.int64)).wait(20)
 wait_for_baseline(rt, 20)
+import time
+deadline = time.monotonic() + 20      # the waiter destroys it: soon after its work retired
+while exe.exec is not None and time.monotonic() < deadline:
+    time.sleep(0.01)
 print("destroyed:", exe.exec is None and exe.lane is None)
 rt.close()
 """)
