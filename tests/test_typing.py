@@ -57,14 +57,20 @@ def test_mypy_accepts_typical_use_and_reveals_the_result_types():
     assert revealed == expected, got.stdout
 
 
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _installed("aiogpu"),
+                    reason="aiogpu is not installed in this Python (run `make test`, which installs it)")
 def test_mypy_finds_the_installed_package_without_mypypath(tmp_path):
     """From outside the repository, with neither MYPYPATH nor PYTHONPATH, mypy finds the
     aiogpu installed in this Python (``make`` installs it editable) and its hints."""
     pytest.importorskip("mypy")
-    try:
-        importlib.metadata.distribution("aiogpu")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip("aiogpu is not installed in this Python (run `make test`, which installs it)")
     probe = tmp_path / "probe.py"
     probe.write_text("import aiogpu\n\n\ndef f(b: aiogpu.Buffer) -> None:\n"
                      "    reveal_type(b.to_numpy())\n")
