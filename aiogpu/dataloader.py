@@ -46,7 +46,7 @@ from .memory import Buffer
 
 STAGE_MIN = 1 << 20          # smaller arrays are copied on submission (the runtime's staging)
 STAGE_CHUNK = 8 << 20        # one worker thread's piece of a staging copy (H200 host, 8 threads:
-                             # 4 MiB pieces staged at 19.7 GB/s, 8 MiB at 30.5; bench/probe_loader.py)
+                             # 4 MiB pieces staged at 19.7 GB/s, 8 MiB at 30.5)
 
 
 class Batch:

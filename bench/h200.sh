@@ -40,9 +40,6 @@ fi
 if [[ $STEPS == *hot* ]]; then       # pyinstrument of submit, one awaiter, 64 awaiters
   timeout 180 python3 bench/profile_hot.py --backend cuda --out "$OUT" 2>&1 | tee "$OUT/hot.log"
 fi
-if [[ $STEPS == *probe* ]]; then
-  timeout 120 python3 bench/probe_service.py --backend cuda --json "$OUT/probe.json" 2>&1 | tail -30
-fi
 if [[ $STEPS == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log"
 fi
