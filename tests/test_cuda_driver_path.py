@@ -294,3 +294,25 @@ def test_both_implementations_submit_the_same_driver_calls(mode):
         assert "write64" not in kinds and "wait64" not in kinds and "wait_event" in kinds, kinds
         for i in work:
             assert kinds[i + 1] == "record", calls[i:i + 2]
+
+
+# -- the choice ------------------------------------------------------------------------------------
+CHOICE_SCRIPT = r"""
+import aiogpu.cuda.driver as D
+print(D.HOT.name, "|", D.HOT_REASON)
+"""
+
+
+@on_fake_cuda
+@pytest.mark.parametrize(("env", "reason"), [
+    ("bindings", "AIOGPU_CUDA_HOT=bindings"),
+    ("", "the C hot path is unavailable"),                     # (the fake is not libcuda)
+    ("ctypes", "AIOGPU_CUDA_HOT=ctypes names no hot path (c, bindings)"),
+])
+def test_the_choice_and_its_reason(env, reason):
+    """Where the C path cannot run, cuda-bindings, and ``HOT_REASON`` says why; a value of
+    ``AIOGPU_CUDA_HOT`` that names no implementation is reported there, not ignored."""
+    proc = run_on_fake_cuda(CHOICE_SCRIPT, AIOGPU_CUDA_HOT=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name, why = proc.stdout.strip().split(" | ", 1)
+    assert name == "cuda-bindings" and reason in why, proc.stdout

@@ -152,7 +152,7 @@ class _BindingsHot(HotPath):
     write_path = "bindings"
 
     def __init__(self) -> None:
-        # Bound once: the driver functions in use when the first runtime is made.
+        # Bound once, when the driver module is imported (HOT is made then).
         self._launch, self._memcpy = cu.cuLaunchKernel, cu.cuMemcpyAsync
         self._write64, self._wait64 = cu.cuStreamWriteValue64, cu.cuStreamWaitValue64
         self._wait_event, self._record, self._query = cu.cuStreamWaitEvent, cu.cuEventRecord, cu.cuEventQuery
@@ -272,11 +272,13 @@ def _hot() -> tuple[HotPath, str]:
     want = os.environ.get("AIOGPU_CUDA_HOT", "").strip().lower()
     if want == "bindings":
         return _BindingsHot(), "AIOGPU_CUDA_HOT=bindings"
+    # (an unknown value is reported, not raised: the backend must still import)
+    note = f"; AIOGPU_CUDA_HOT={want} names no hot path (c, bindings)" if want not in ("", "c") else ""
     try:
         hot = _CHot()
-        return hot, "AIOGPU_CUDA_HOT=c" if want == "c" else "the C extension loaded (the default)"
+        return hot, ("AIOGPU_CUDA_HOT=c" if want == "c" else "the C extension loaded (the default)") + note
     except (ImportError, OSError, AttributeError) as exc:
-        return _BindingsHot(), f"the C hot path is unavailable ({type(exc).__name__}: {exc})"
+        return _BindingsHot(), f"the C hot path is unavailable ({type(exc).__name__}: {exc}){note}"
 
 
 HOT: HotPath
