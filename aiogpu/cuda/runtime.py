@@ -33,13 +33,6 @@ from .driver import cu
 from .waiter import DEFAULT_SPIN_S, CudaHub
 
 
-def _memcpy(dst: int, src: int, nbytes: int) -> Any:
-    """The enqueue of one ``HotPath.memcpy`` (fusable: it passes the completion word on)."""
-    def copy(stream: int, word: int, ticket: int) -> int:
-        return D.HOT.memcpy(dst, src, nbytes, stream, word, ticket)
-    return copy
-
-
 def _nothing(stream: int, word: int, ticket: int) -> int:
     """The enqueue of a submission with no work of its own (a join, a foreign stream's point)."""
     return 0
@@ -263,11 +256,16 @@ class CudaRuntime(Runtime):
         lane = self._copy_lane(device, op.direction, deps)
         patched = self._patches        # (_take_patches inlined: this runs per copy)
         fusable = False
+        memcpy = D.HOT.memcpy
+
+        def copy(stream: int, word: int, ticket: int) -> int:    # (fusable: passes the word on)
+            return memcpy(dptr, sptr, nbytes, stream, word, ticket)
+
         if patched is not None and patched[0] is op:
             self._patches = None
-            copy = self._with_patches(op, _memcpy(dptr, sptr, nbytes), patched[1])
+            copy = self._with_patches(op, copy, patched[1])
         elif self._shader_can_copy(op):
-            copy, fusable = _memcpy(dptr, sptr, nbytes), True
+            fusable = True
         else:
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
             copy = lambda stream, word, ticket: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
