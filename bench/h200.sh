@@ -46,6 +46,3 @@ fi
 if [[ $STEPS == *bindings* ]]; then   # the pure-Python fallback, for comparison with the default
   AIOGPU_CUDA_HOT=bindings timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_bindings.json" 2>&1 | tee "$OUT/bench_bindings.log"
 fi
-if [[ $STEPS == *ctypes* ]]; then
-  AIOGPU_CUDA_HOT=ctypes timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_ctypes.json" 2>&1 | tee "$OUT/bench_ctypes.log"
-fi
