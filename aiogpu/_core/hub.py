@@ -30,38 +30,10 @@ log = logging.getLogger("aiogpu")
 _WATCHDOG = object()
 
 
-class FutureHub(CompletionHooks):
-    """Pending futures and how they settle; subclasses add the waiter that observes them.
-
-    ``lock`` is the runtime's one lock: it guards the submission state of the layers above and
-    everything a future holds until it *retires* (buffers, hazards, signals, host memory), so
-    that retirement never happens halfway through a submission. It also holds Ctrl-C back while
-    the main thread holds it (``_interrupts.InterruptSafeLock``): a KeyboardInterrupt arrives
-    when the ``with`` block ends, so a submission is never left half done; ``lock.raw`` is the
-    plain RLock underneath.
-
-    ``state_lock`` is a small leaf lock that guards a future's settling against registrations
-    (awaiters, done-callbacks, ``wait``): every holder does O(1) work and takes no other lock
-    under it. A future settles exactly once, under it.
-
-    Completion delivery never waits for ``lock``. A completion observed by the waiter (or a
-    spin) marks its future done and wakes its awaiters at once; retiring it is queued on the
-    *backlog*, which the observer runs itself if it can take ``lock`` at once (``try_run``),
-    else the holder runs it when its outermost section begins or ends; the waiter retries it
-    at its next wake-up (``retry_backlog``), so nothing stays unretired when nobody submits.
-    What must stay under ``lock`` goes through the backlog whole, in order: a failure (it
-    spreads to dependents, which submitters register under ``lock``), a join whose members
-    failed, the watchdog; while such an item waits, later completions queue behind it rather
-    than settle ahead of it.
-
-    The waiter wakes for the work someone *waits for* (``arm``: a parked awaiter, a
-    done-callback, a thread in ``wait()``, host work that must follow a completion); work nobody
-    waits for is settled and retired by its periodic scan. Either way every wake-up rescans all
-    pending work (level-triggered), so arming late never loses a completion.
-
-    A subclass implements ``wake``, ``_wake_for`` (its means of arming), ``_run`` (the waiter
-    thread's loop) and ``release_key`` (recycle a completion object).
-    """
+class Hub:
+    """The compiled part of ``FutureHub`` (see its doc): every rule, no hook. Compiled, this is
+    an extension type whose fields, declared in hub.pxd, are C slots; it can have no Python
+    base, so ``FutureHub`` joins it to the hooks' declarations."""
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
         self.lock = InterruptSafeLock()
@@ -511,3 +483,38 @@ class FutureHub(CompletionHooks):
                 break
             yield
 
+
+class FutureHub(CompletionHooks, Hub):
+    """Pending futures and how they settle; subclasses add the waiter that observes them.
+
+    ``lock`` is the runtime's one lock: it guards the submission state of the layers above and
+    everything a future holds until it *retires* (buffers, hazards, signals, host memory), so
+    that retirement never happens halfway through a submission. It also holds Ctrl-C back while
+    the main thread holds it (``_interrupts.InterruptSafeLock``): a KeyboardInterrupt arrives
+    when the ``with`` block ends, so a submission is never left half done; ``lock.raw`` is the
+    plain RLock underneath.
+
+    ``state_lock`` is a small leaf lock that guards a future's settling against registrations
+    (awaiters, done-callbacks, ``wait``): every holder does O(1) work and takes no other lock
+    under it. A future settles exactly once, under it.
+
+    Completion delivery never waits for ``lock``. A completion observed by the waiter (or a
+    spin) marks its future done and wakes its awaiters at once; retiring it is queued on the
+    *backlog*, which the observer runs itself if it can take ``lock`` at once (``try_run``),
+    else the holder runs it when its outermost section begins or ends; the waiter retries it
+    at its next wake-up (``retry_backlog``), so nothing stays unretired when nobody submits.
+    What must stay under ``lock`` goes through the backlog whole, in order: a failure (it
+    spreads to dependents, which submitters register under ``lock``), a join whose members
+    failed, the watchdog; while such an item waits, later completions queue behind it rather
+    than settle ahead of it.
+
+    The waiter wakes for the work someone *waits for* (``arm``: a parked awaiter, a
+    done-callback, a thread in ``wait()``, host work that must follow a completion); work nobody
+    waits for is settled and retired by its periodic scan. Either way every wake-up rescans all
+    pending work (level-triggered), so arming late never loses a completion.
+
+    A subclass implements ``wake``, ``_wake_for`` (its means of arming), ``_run`` (the waiter
+    thread's loop) and ``release_key`` (recycle a completion object).
+    """
+
+    __slots__ = ()

@@ -239,7 +239,9 @@ def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: list, keys: Iterable[
                     host_deps = []
                 if dep.on_complete:
                     host_deps.append(dep)
-                host_deps.extend(d for d in dep.host_deps or () if d._state == PENDING)
+                for d in dep.host_deps or ():
+                    if d._state == PENDING:
+                        host_deps.append(d)
         fut.host_deps = host_deps
     track(rt, fut, reads, writes, deps, keep, cleanup)
     if fut.retired:
@@ -277,7 +279,9 @@ def track(rt: Any, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iter
     if rt._replaying:
         # Deferred work being submitted: its Deferred future recorded the hazards and holds
         # the buffers since the call (deferred.py); the submitted work only waits and cleans.
-        fut.preds.extend(d for d in deps if not d.retired)
+        for d in deps:
+            if not d.retired:
+                fut.preds.append(d)
         fut.keep = [*fut.keep, *keep]
         fut._cleanup = [*fut._cleanup, *cleanup]
         return
