@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import ordering
+from .._core import hazards
 from ..errors import DeviceLost, GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
@@ -255,7 +255,7 @@ class HsaRuntime(Runtime):
             op.cleanup.clear()
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc
-            return ordering.failed_without_running(self.hub, op.label, err, [op.dst.state])
+            return hazards.failed_without_running(self.hub, op.label, err, [op.dst.state])
         if name is None:           # the engine ran out between status and submit, or refused
             self._withdraw(fut, live)
             return None
