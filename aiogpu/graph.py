@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import capture as _capture
-from . import ordering
+from ._core import hazards
 from ._core import submit as _submit
 from .device import MAX_GRID, MAX_WORKGROUP, Device, check_args, check_dims
 from .capture import GraphNode
@@ -40,7 +40,7 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[GraphNode] = []
         self.runtime: Any = None
-        self._host = ordering.Hazards()        # buffers and host arrays: by address range
+        self._host = hazards.Hazards()        # buffers and host arrays: by address range
         self._token: Any = None
 
     def __enter__(self) -> "Graph":
@@ -72,9 +72,9 @@ class Graph:
             if not isinstance(f, GraphNode) or f.graph is not self:
                 raise ValueError(f"inside a capture, after= takes nodes of the same graph, got {f!r}")
         rstates, wstates = [self._state(k) for k in reads], [self._state(k) for k in writes]
-        deps = ordering.dependencies(rstates, wstates, after)   # the run-time rules, at capture
+        deps = hazards.dependencies(rstates, wstates, after)   # the run-time rules, at capture
         node = GraphNode(self, kind, op, deps, len(self.nodes), label)
-        ordering.record(node, rstates, wstates)
+        hazards.record(node, rstates, wstates)
         self.nodes.append(node)
         return node
 

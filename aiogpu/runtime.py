@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _loops
 from . import capture as _capture
-from . import ordering
+from ._core import hazards
 from ._core import deferred
 from ._core import submit as _submit
 from .backend import RuntimeHooks
@@ -270,7 +270,7 @@ class Runtime(RuntimeHooks):
         self.hub = hub
         hub.owner = self
         self.lock = hub.lock
-        self.hazards = ordering.Hazards()
+        self.hazards = hazards.Hazards()
         self.devices: list[Device] = []
         self._graphs: weakref.WeakSet = weakref.WeakSet()
         self.pinned = PinnedPool(self._pin_host, self._unpin_host)

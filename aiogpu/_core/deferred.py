@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
-from .. import ordering
+from . import hazards
 from ..errors import GPUError
 from .futures import DONE, PENDING, GPUFuture, submission_scope
 
@@ -183,9 +183,9 @@ def _submit_deferred(rt: Any, fut: Deferred) -> None:
     else:
         broken = getattr(fut.device, "broken", None)
         if broken is not None:      # a lost device first, as submit.guarded does
-            err = ordering.broken_error(fut.label, broken)
+            err = hazards.broken_error(fut.label, broken)
         else:
-            err = ordering.failed_dependency(deps) if deps else None
+            err = hazards.failed_dependency(deps) if deps else None
     if err is None:
         rt._replaying += 1
         try:

@@ -4,7 +4,7 @@ the backend's encode -> track -> watch. Every backend's operations go through he
 The layers above validate (the messages users see) and hand over what an operation reads and
 writes, what it must follow (``after=``) and what to encode; the backend only encodes on the
 lane it is given (``aiogpu/backend.py``). Everything a future holds until it retires is
-recorded here: hazards (``ordering.record``), the buffers it uses, the dependents that fail with
+recorded here: hazards (``hazards.record``), the buffers it uses, the dependents that fail with
 it, the completion keys its packets name, the cleanup that runs once it has retired.
 
 All of it runs under the runtime's lock.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Iterable, Sequence
 
-from .. import ordering
+from . import hazards
 from . import deferred
 from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
@@ -35,14 +35,14 @@ def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: 
     # A broken device first: work offered to a lost device is lost, failed inputs or not.
     err: GPUError | None
     if device.broken is not None:
-        deps, err = {}, ordering.broken_error(label, device.broken)
+        deps, err = {}, hazards.broken_error(label, device.broken)
     elif reads or writes or after:
-        deps = ordering.dependencies(reads, writes, after)
-        err = ordering.failed_dependency(deps) if deps else None
+        deps = hazards.dependencies(reads, writes, after)
+        err = hazards.failed_dependency(deps) if deps else None
     else:                                     # the fast path: nothing to order after
         deps, err = {}, None
     if err is not None:
-        return ordering.failed_without_running(rt.hub, label, err, writes)
+        return hazards.failed_without_running(rt.hub, label, err, writes)
     if deps or compile is not None:          # (deferred work in deps: its submitted work)
         resolved, blockers = deferred.resolve(deps)
         if blockers or compile is not None:
@@ -259,7 +259,7 @@ def _refused(rt: Any, fut: GPUFuture, exc: GPUError, cleanup: list, writes: list
     """The driver refused the work (nothing queued): a failed future, which leaves what it
     would have written failed; what the operation held is released now."""
     _withdraw(rt, fut, cleanup)
-    return ordering.failed_without_running(rt.hub, fut.label, exc, writes)
+    return hazards.failed_without_running(rt.hub, fut.label, exc, writes)
 
 
 def _withdraw(rt: Any, fut: GPUFuture, cleanup: list) -> None:
@@ -291,10 +291,10 @@ def track(rt: Any, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iter
         reads = list(reads)
     if type(writes) is not list:
         writes = list(writes)
-    ordering.record(fut, reads, writes, deps)
+    hazards.record(fut, reads, writes, deps)
     views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
     roots: list[Buffer] = []            # their allocations, once each (counted as users)
-    hosts: list[ordering.HostRange] = []
+    hosts: list[hazards.HostRange] = []
     # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
     for group in (reads, writes):
         for s in group:
@@ -305,7 +305,7 @@ def track(rt: Any, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iter
                     root = s if s._base is None else s._base
                     if root not in roots:
                         roots.append(root)
-            elif kind is ordering.HostRange and s not in hosts:
+            elif kind is hazards.HostRange and s not in hosts:
                 hosts.append(s)
     for buf in roots:
         buf.users += 1
@@ -316,16 +316,16 @@ def track(rt: Any, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iter
         fut._cleanup = [*fut._cleanup, functools.partial(_retired, rt.hazards, cleanup, roots, hosts)]
 
 
-def _retired(hazards: Any, cleanup: list, bufs: list, hosts: list) -> None:
+def _retired(ranges: Any, cleanup: list, bufs: list, hosts: list) -> None:
     """What ``track`` runs once an operation retired: its cleanup, then the buffers and host
-    ranges it used let go of it."""
+    ranges (of ``ranges``, the runtime's Hazards) it used let go of it."""
     for fn in cleanup:
         fn()
     for buf in bufs:
         buf._unuse()
-        ordering.prune(buf)        # finished work (and its results) is not kept alive
+        hazards.prune(buf)         # finished work (and its results) is not kept alive
     for state in hosts:
-        hazards.prune_host(state)
+        ranges.prune_host(state)
 
 
 def failed(hub: Any, label: str, exc: BaseException | None = None) -> GPUFuture:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from .. import ordering
+from .._core import hazards
 from ..errors import DeviceLost, GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
