@@ -256,3 +256,23 @@ def test_the_fakes_controls_hold_on_the_c_path(lib_dir):
         assert out["failed"] is not None, out
         if not env:
             assert out["c"]["launch"] == 3 and out["c"]["host_func"] >= 1, out
+
+
+@on_fake_cuda
+def test_hostcost_runs_both_trees_of_an_ab_on_the_c_path(lib_dir):
+    """``bench/hostcost.py --ab OLD_TREE`` (here this tree twice) measures each tree in a child
+    on the fake driver with the fake library, both on the C hot path, and prints both tables
+    and their ratio."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k not in ("AIOGPU_CUDA_HOT", "LD_LIBRARY_PATH")}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "hostcost.py"), "--ab", str(ROOT), "--rounds", "1",
+                           "--n", "20", "--runs", "1", "--shapes", "submit,service"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    rounds = [line for line in lines if line.startswith("[round 1 ")]
+    assert len(rounds) == 2 and all("hot path c " in line for line in rounds), proc.stdout
+    assert [line.split(":")[0] for line in lines if line.startswith(("old:", "new:"))] == ["old", "new"], proc.stdout
+    ratios = lines[lines.index("new/old (best CPU per operation):") + 1:]
+    assert [line.split()[0] for line in ratios] == ["submit", "service"], proc.stdout
