@@ -6,13 +6,16 @@
 - ``service``: what bench/serve.py's handler does, minus aiohttp: two allocs, an upload from a
   fresh array, a launch, ``await to_numpy``, two frees.
 
-Per shape: Python and C function calls per operation on the calling thread (deterministic),
-the best CPU time per operation over 7 runs of the calling thread and of the whole process (the
-waiter thread included), and the waiter's wake-ups per operation (each a syscall and a scan
-under the GIL that the loop does not see in its own CPU time). With ``--callgrind``:
-instructions per operation of the whole process from valgrind's callgrind, which a loaded
-machine does not move (each shape run with N operations and with 3N after the same warm-up, in
-two processes: (I(3N) - I(N)) / 2N, startup and warm-up cancelled).
+Per shape: Python and C function calls per operation on the calling thread (close to
+deterministic: a few calls move with which lane or pooled buffer an operation gets), the best
+CPU time per operation over 7 runs of the calling thread and of the whole process (the waiter
+thread included), and the waiter's wake-ups per operation (each a syscall and a scan under the
+GIL that the loop does not see in its own CPU time). With ``--callgrind``: instructions per
+operation of the calling thread from valgrind's callgrind, which a loaded machine does not move:
+each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
+counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
+(I(3N) - I(N)) / 2N, repeatable to within 0.1% from run to run. (The waiter thread is left
+out of that count: under valgrind its timed wake-ups follow the stretched wall clock.)
 
     python bench/hostcost.py --backend cuda                 # this tree, on the driver installed
     python bench/hostcost.py --fake                          # the fake CUDA driver, C hot path
@@ -157,7 +160,10 @@ def run_once(backend: str | None, shape: str, n: int, warm: int) -> None:
     rt = aiogpu.Runtime(backend=backend)
     fn = make_shapes(rt)[shape]
     fn(warm)
-    fn(n)
+    # The region callgrind counts (--toggle-collect=functools_reduce: the C function behind
+    # functools.reduce, which nothing on aiogpu's paths calls): the n operations, not the
+    # interpreter's start, the imports or the warm-up.
+    functools.reduce(lambda _a, _b: fn(n), (0, 0))
     print(json.dumps({"hot": hot_path(rt)}))
     rt.close()
 
@@ -217,31 +223,32 @@ def run_child(tree: str, hot: str | None, args: list[str], wrap: list[str] = ())
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def callgrind_instructions(tree: str, hot: str | None, shape: str, n: int) -> tuple[float, float, str]:
-    """Instructions per operation of ``shape`` in ``tree``: of the calling thread, of the whole
-    process (the waiter and every other thread included); and the hot path used."""
+def callgrind_instructions(tree: str, hot: str | None, shape: str, n: int) -> tuple[float, str]:
+    """Instructions per operation of ``shape`` in ``tree`` on the calling thread, and the hot
+    path used. Only the region of the operations is counted (``run_once``); the waiter
+    thread's instructions are not: under valgrind its timed wake-ups follow the wall clock,
+    which a 50x slower run stretches, so that count is not the program's (its CPU time is in
+    the timed runs' process column)."""
     if shutil.which("valgrind") is None:
         sys.exit("hostcost: --callgrind needs valgrind")
-    main_thread, process, hot_name = [], [], "-"
+    counts, hot_name = [], "-"
     with tempfile.TemporaryDirectory() as tmp:
         for ops in (n, 3 * n):
             out_file = os.path.join(tmp, f"cg.{ops}")
             res = run_child(tree, hot, ["--once", shape, "--n", str(ops), "--warm", str(n)],
                             wrap=["valgrind", "--tool=callgrind", "--separate-threads=yes",
+                                  "--collect-atstart=no", "--toggle-collect=functools_reduce",
                                   f"--callgrind-out-file={out_file}"])
             hot_name = res["hot"]
-            per_thread = {}
-            for path in glob.glob(out_file + "-*"):       # one file per thread: -01 is the main one
-                with open(path) as f:
-                    m = re.search(r"^(?:summary|totals):\s*(\d+)", f.read(), re.M)
-                if m is None:
-                    sys.exit(f"hostcost: no instruction total in {path}")
-                per_thread[int(path.rsplit("-", 1)[1])] = int(m.group(1))
-            if 1 not in per_thread:
-                sys.exit(f"hostcost: callgrind wrote no {out_file}-01")
-            main_thread.append(per_thread[1])
-            process.append(sum(per_thread.values()))
-    return ((main_thread[1] - main_thread[0]) / (2 * n), (process[1] - process[0]) / (2 * n), hot_name)
+            path = out_file + "-01"                       # one file per thread: -01 is the main one
+            if not os.path.exists(path):
+                sys.exit(f"hostcost: callgrind wrote no {path}")
+            with open(path) as f:
+                m = re.search(r"^(?:summary|totals):\s*(\d+)", f.read(), re.M)
+            if m is None:
+                sys.exit(f"hostcost: no instruction total in {path}")
+            counts.append(int(m.group(1)))
+    return (counts[1] - counts[0]) / (2 * n), hot_name
 
 
 def main() -> None:
@@ -287,18 +294,18 @@ def main() -> None:
         ensure_hotc(tree)
 
     if a.callgrind:
-        print(f"instructions per operation (callgrind, (I(3N)-I(N))/2N, N={n}): calling thread, whole process")
+        print(f"instructions per operation on the calling thread (callgrind, (I(3N)-I(N))/2N, N={n})")
         per: dict = {}
         for shape in shapes:
             for _ in range(a.repeat):
                 for label, tree in trees:
-                    main_i, proc_i, hot = callgrind_instructions(tree, a.hot, shape, n)
-                    per.setdefault((shape, label), []).append((main_i, proc_i))
-                    print(f"  {shape:8s} {label:3s} thread {main_i:10,.0f}   process {proc_i:10,.0f}"
-                          f"   hot path {hot.split(' ')[0]}   ({tree})", flush=True)
+                    ipo, hot = callgrind_instructions(tree, a.hot, shape, n)
+                    per.setdefault((shape, label), []).append(ipo)
+                    print(f"  {shape:8s} {label:3s} {ipo:10,.0f}   hot path {hot.split(' ')[0]}   ({tree})",
+                          flush=True)
             if a.ab:
                 old, new = min(per[(shape, "old")]), min(per[(shape, "new")])
-                print(f"  {shape:8s} new/old  thread {new[0] / old[0]:.3f}   process {new[1] / old[1]:.3f}")
+                print(f"  {shape:8s} new/old {new / old:.3f}")
         return
 
     best: dict = {}
