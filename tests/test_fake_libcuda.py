@@ -276,3 +276,30 @@ def test_hostcost_runs_both_trees_of_an_ab_on_the_c_path(lib_dir):
     assert [line.split(":")[0] for line in lines if line.startswith(("old:", "new:"))] == ["old", "new"], proc.stdout
     ratios = lines[lines.index("new/old (best CPU per operation):") + 1:]
     assert [line.split()[0] for line in ratios] == ["submit", "service"], proc.stdout
+
+
+def test_the_build_says_why_it_cannot_and_keeps_the_library_it_had(tmp_path, monkeypatch):
+    """No compiler: RuntimeError saying so (the fixture above turns that alone into a skip). A
+    compile that fails: RuntimeError with the compiler's output, the library already there
+    untouched and no temporary file left. An up-to-date library is not compiled again."""
+    source, lib = tmp_path / "fake.c", tmp_path / "out" / "libcuda.so.1"
+    source.write_text("int cuInit(unsigned flags) { return 0; }\n")
+    if build_libcuda.compiler() is None:
+        pytest.skip("no C compiler (tried $CC, cc, gcc, clang)")
+    assert build_libcuda.build(str(source), str(lib)) == str(lib.parent)
+    good = lib.read_bytes()
+    os.utime(lib, (1, 1))                                   # older than its source: rebuilt ...
+    source.write_text("this is not C\n")
+    with pytest.raises(RuntimeError, match="failed"):
+        build_libcuda.build(str(source), str(lib))
+    assert lib.read_bytes() == good and sorted(p.name for p in lib.parent.iterdir()) == ["libcuda.so.1"]
+    os.utime(lib, None)                                     # ... newer: left alone, no compiler asked
+    monkeypatch.setattr(build_libcuda, "compiler", lambda: None)
+    assert build_libcuda.build(str(source), str(lib)) == str(lib.parent)
+    os.utime(lib, (1, 1))
+    with pytest.raises(RuntimeError, match="no C compiler"):
+        build_libcuda.build(str(source), str(lib))
+    monkeypatch.undo()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    assert build_libcuda.compiler() is None

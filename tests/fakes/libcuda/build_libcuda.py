@@ -35,26 +35,27 @@ def compiler() -> list[str] | None:
     return None
 
 
-def build() -> str:
-    """Compile ``fakecuda.c`` into ``LIB`` unless it is there and newer than its source; the
+def build(source: str = SOURCE, lib: str = LIB) -> str:
+    """Compile ``source`` into ``lib`` unless it is there and newer than its source; the
     folder to put on ``LD_LIBRARY_PATH``. Raises RuntimeError (no compiler, or the compile
     failed; a library already there is left as it was: the new one replaces it by a rename)."""
-    if os.path.exists(LIB) and os.path.getmtime(LIB) >= os.path.getmtime(SOURCE):
-        return LIB_DIR
+    lib_dir = os.path.dirname(lib)
+    if os.path.exists(lib) and os.path.getmtime(lib) >= os.path.getmtime(source):
+        return lib_dir
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler found (tried $CC, cc, gcc, clang)")
-    os.makedirs(LIB_DIR, exist_ok=True)
-    tmp = f"{LIB}.{os.getpid()}.tmp"
+    os.makedirs(lib_dir, exist_ok=True)
+    tmp = f"{lib}.{os.getpid()}.tmp"
     # The soname lets a later dlopen("libcuda.so.1") find this library once it is loaded.
-    cmd = [*cc, "-O2", "-Wall", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", SOURCE, "-o", tmp]
+    cmd = [*cc, "-O2", "-Wall", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", source, "-o", tmp]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
-    os.replace(tmp, LIB)
-    return LIB_DIR
+    os.replace(tmp, lib)
+    return lib_dir
 
 
 def main() -> int:
