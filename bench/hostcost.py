@@ -33,9 +33,10 @@ which hot path it used. By hand, the same is::
         PYTHONPATH=bench/fakecuda:. python bench/hostcost.py --backend cuda
 
 ``--ab OLD_TREE`` (a checkout of the commit to compare with, e.g. ``git worktree add --detach
-../old COMMIT``, or ``git archive COMMIT | tar -x -C ../old``) runs this script on OLD_TREE's aiogpu and on this tree's, alternating, ``--rounds``
-times each (best of all its runs per tree), on the same fake driver, and prints both with the
-ratio new/old. ``--callgrind`` needs valgrind; ``--n`` defaults to 200 operations there.
+../old COMMIT`` or ``git archive COMMIT | tar -x -C ../old``) runs this script on OLD_TREE's
+aiogpu and on this tree's, alternating, ``--rounds`` times each (best of all its runs per
+tree), on the same fake driver, and prints both with the ratio new/old. ``--callgrind`` needs
+valgrind; ``--n`` defaults to 200 operations there.
 """
 from __future__ import annotations
 
