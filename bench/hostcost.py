@@ -7,21 +7,23 @@
   fresh array, a launch, ``await to_numpy``, two frees.
 
 Per shape: Python and C function calls per operation on the calling thread (close to
-deterministic: a few calls move with which lane or pooled buffer an operation gets), the best
+deterministic: they moved by up to 4% between runs of one tree on the fake driver), the best
 CPU time per operation over 7 runs of the calling thread and of the whole process (the waiter
 thread included), and the waiter's wake-ups per operation (each a syscall and a scan under the
 GIL that the loop does not see in its own CPU time). With ``--callgrind``: instructions per
 operation of the calling thread from valgrind's callgrind, which a loaded machine does not move:
 each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
-(I(3N) - I(N)) / 2N, repeatable to within 0.1% from run to run. (The waiter thread is left
-out of that count: under valgrind its timed wake-ups follow the stretched wall clock.)
+(I(3N) - I(N)) / 2N. That count repeats to within 1-2% (the remaining spread moves with the
+threads' interleaving: use ``--repeat``, the A/B takes each tree's lowest); the whole process's
+count moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
+wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
 
     python bench/hostcost.py --backend cuda                 # this tree, on the driver installed
     python bench/hostcost.py --fake                          # the fake CUDA driver, C hot path
     python bench/hostcost.py --fake --hot bindings           # the same, on the cuda-bindings path
     python bench/hostcost.py --fake --ab OLD_TREE            # A/B: OLD_TREE's aiogpu and this one's
-    python bench/hostcost.py --fake --ab OLD_TREE --callgrind --shapes service
+    python bench/hostcost.py --fake --ab OLD_TREE --callgrind --repeat 2 --shapes submit,service
 
 ``--fake`` runs each measurement in a child process on the fake driver of this tree (the fake
 ``cuda.bindings`` and the fake ``libcuda.so.1`` that tests/fakes/libcuda/build_libcuda.py
