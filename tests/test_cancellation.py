@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from aiogpu import queues as Q
+from aiogpu.hsa import queues as Q
 from aiogpu.hsa_bindings import atomics
 from aiogpu.hsa_bindings import types as T
 from gpu_kernels import freed_while_in_use, sleep_ms, slow_increment

@@ -12,7 +12,7 @@ import pytest
 
 import aiogpu
 from aiogpu.ordering import Hazards
-from aiogpu.queues import KernargRing
+from aiogpu.hsa.queues import KernargRing
 from aiogpu.futures import GPUFuture
 from gpu_kernels import GATES, Gate, add_const_n, wait_gate
 

@@ -56,7 +56,7 @@ async def test_graph_lane_longer_than_the_ring_replays(any_rt):
 def test_waiter_survives_a_group_that_fails_to_publish(make_runtime, monkeypatch):
     """Whatever goes wrong while the waiter drains a back-log fails the work concerned; the
     waiter goes on and later work runs."""
-    from aiogpu import queues
+    from aiogpu.hsa import queues
     rt = make_runtime(gpus=1, queues_per_device=1, ring_size=4, emulator_min_queue_size=4)
     d0 = rt.devices[0]
     gate = Gate()

@@ -132,7 +132,7 @@ async def test_waiter_never_makes_rocr_spin_when_kfd_events_run_out(make_runtime
 async def test_a_thousand_graph_replays_stay_within_the_interrupt_signal_bound(make_runtime):
     """Issue 14.5: 1,000 replays in flight used to hold ~4,900 interrupt signals (KFD allows
     ~4,096 events); now the waiter waits on at most MAX_INTERRUPT_SIGNALS + 1."""
-    from aiogpu.signals import MAX_INTERRUPT_SIGNALS
+    from aiogpu.hsa.signals import MAX_INTERRUPT_SIGNALS
     rt = make_runtime(gpus=2)
     d0, d1 = rt.devices
     x, y = d0.alloc(4096), d1.alloc(4096)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from aiogpu import queues
+from aiogpu.hsa import queues
 from aiogpu.hsa.graph import DEP_OFFSET, HsaGraphExec
 from aiogpu.hsa_bindings import atomics
 from aiogpu.hsa_bindings import packets as P
@@ -197,7 +197,7 @@ def test_signal_pool_keeps_interrupt_signals_bounded_and_reuses_them(make_runtim
     """At most ``max_interrupt`` signals with KFD events; beyond that busy-wait signals; each
     new one reads 1; a released interrupt signal is handed out again before any busy-wait one,
     reading 1."""
-    from aiogpu.signals import SignalPool, has_interrupt_event
+    from aiogpu.hsa.signals import SignalPool, has_interrupt_event
     rt = make_runtime(gpus=1)
     pool = SignalPool(rt.api, max_interrupt=2)
     try:
@@ -220,7 +220,7 @@ def test_signal_pool_keeps_interrupt_signals_bounded_and_reuses_them(make_runtim
 def test_a_signal_without_a_kfd_event_is_never_waited_on_as_an_interrupt_signal(make_runtime):
     """Past KFD's event limit ROCr hands out signals without an event: the pool must count them
     as busy-wait signals (a wait_any on them would spin) and stop asking for events."""
-    from aiogpu.signals import SignalPool, has_interrupt_event
+    from aiogpu.hsa.signals import SignalPool, has_interrupt_event
     rt = make_runtime(gpus=1, emulator_event_limit=64)
     pool = SignalPool(rt.api, max_interrupt=1000)
     try:
@@ -236,7 +236,7 @@ def test_a_signal_without_a_kfd_event_is_never_waited_on_as_an_interrupt_signal(
 def test_failed_signal_creation_names_the_call(make_runtime, monkeypatch):
     """A failing signal constructor raises HsaError naming the HSA call that failed."""
     from aiogpu.errors import HsaError
-    from aiogpu.signals import SignalPool
+    from aiogpu.hsa.signals import SignalPool
     rt = make_runtime(gpus=1)
     failing = lambda *args: T.HSA_STATUS_ERROR_OUT_OF_RESOURCES  # noqa: E731
     monkeypatch.setattr(rt.api, "hsa_amd_signal_create", failing)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 import aiogpu
-from aiogpu import queues
+from aiogpu.hsa import queues
 from aiogpu.hsa_bindings import types as T
 from gpu_kernels import Gate, add_const_n
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from aiogpu import signals
+from aiogpu.hsa import signals
 from gpu_kernels import Gate
 
 DEADLINE_S = 10.0

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from aiogpu import signals
+from aiogpu.hsa import signals
 from aiogpu.hsa.device import HsaDevice
 from gpu_kernels import Gate, add_into, fail_if, sleep_ms
 

@@ -42,8 +42,8 @@ import ctypes
 import time
 from typing import Any
 
-from .futures import FutureHub, GPUFuture, log
-from .hsa_bindings import types as T
+from ..futures import FutureHub, GPUFuture, log
+from ..hsa_bindings import types as T
 
 LOST_WAKEUP_GUARD_S = 0.1
 POLL_S = 0.005          # scan period while pending work is left out of the wait (see above)

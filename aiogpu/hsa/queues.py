@@ -20,11 +20,11 @@ import struct
 from collections import deque
 from typing import Any
 
-from .errors import DeviceLost, GPUError
-from .hsa_bindings import atomics
-from .hsa_bindings import packets as P
-from .hsa_bindings import types as T
-from .futures import GPUFuture
+from ..errors import DeviceLost, GPUError
+from ..hsa_bindings import atomics
+from ..hsa_bindings import packets as P
+from ..hsa_bindings import types as T
+from ..futures import GPUFuture
 from .signals import CompletionHub
 
 DEFAULT_RING = 1024
