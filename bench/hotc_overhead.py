@@ -4,7 +4,7 @@
 
 The driver entry points are fakes that return 0 at once, either C functions (a stub compiled
 here with cc: what the extension itself costs) or Python ctypes callbacks (as in
-tests/test_hotc.py; the callback dominates). The Python comparisons are bench/fakecuda's
+tests/test_hotc.py; the callback dominates). The Python comparisons are the fake driver's (tests/fakes)
 cuda-bindings stand-ins (a Python function that returns ``(CUresult,)``) and ctypes calls into the
 same C stubs. On a GPU the driver's own cost (launch ~1-2 us) comes on top of each.
 """

@@ -1,4 +1,4 @@
-"""The CUDA backend's host paths on bench/fakecuda's driver (each test in a child process, with
+"""The CUDA backend's host paths on the fake driver of tests/fakes (each test in a child process, with
 ``fakecuda_controls`` giving the fake what a GPU does: work still running, foreign arrays, sticky
 errors): deferred launches with foreign arrays, the waiter's wake-ups, bounced downloads, sticky
 errors across devices, and a failed construction."""

@@ -276,7 +276,7 @@ print("ok")
 @on_fake_cuda
 def test_cuda_host_paths_on_the_fake_driver():
     """The CUDA backend's host paths (spin without the lock, settling by the waiter, staged
-    uploads, pinned downloads) on bench/fakecuda's instant driver, in a child process: this runs
+    uploads, pinned downloads) on the instant fake driver (tests/fakes), in a child process: this runs
     the CUDA code on machines without a GPU (kernels do nothing there; copies are real)."""
     proc = run_on_fake_cuda(FAKE_CUDA_SCRIPT)
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

@@ -257,7 +257,7 @@ def test_the_gil_is_held_in_driver_calls_unless_asked(release):
     assert before is False                      # the default
 
 
-# -- the C path inside the CUDA backend, on bench/fakecuda's driver -------------------------------
+# -- the C path inside the CUDA backend, on the fake driver (tests/fakes) ------------------------
 FAKE_C_SCRIPT = r"""
 import asyncio, ctypes, aiogpu, numpy as np
 import aiogpu.cuda.driver as D
@@ -332,7 +332,7 @@ print("ok", counts)
 @on_fake_cuda
 def test_the_backend_on_the_c_path_with_fake_entry_points():
     """Launches, uploads, device copies and downloads of the CUDA backend through _CHot (the
-    fused launch+write and memcpy+write calls), on bench/fakecuda with the fake entry points
+    fused launch+write and memcpy+write calls), on the fake driver (tests/fakes), with the fake entry points
     above; no cuda-bindings call on the hot path. Also: the C path is not chosen on the fake."""
     proc = run_on_fake_cuda(FAKE_C_SCRIPT, AIOGPU_CUDA_HOT="c")
     assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stdout + proc.stderr

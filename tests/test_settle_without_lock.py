@@ -251,7 +251,7 @@ print("leaks", leaks)
 
 @on_fake_cuda
 def test_cuda_completion_is_delivered_while_the_runtime_lock_is_held():
-    """The CUDA waiter's path, on the fake driver of bench/fakecuda (in a child process)."""
+    """The CUDA waiter's path, on the fake driver of tests/fakes (in a child process)."""
     proc = run_on_fake_cuda(textwrap.dedent(CUDA_SCRIPT))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "delivered True retired_inside False retired_after True" in proc.stdout, proc.stdout + proc.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""Fake CUDA driver API (see bench/fakecuda/README.md): instant, synchronous, no GPU."""
+"""Fake CUDA driver API (see tests/fakes/README.md): instant, synchronous, no GPU."""
 import ctypes
 import enum
 import itertools

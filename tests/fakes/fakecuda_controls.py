@@ -1,4 +1,4 @@
-"""Controls over bench/fakecuda's driver for the CUDA host-path tests (imported by their child
+"""Controls over the fake driver of tests/fakes for the CUDA host-path tests (imported by their child
 processes before aiogpu, since aiogpu.cuda.driver binds some driver calls at import).
 
 The fake runs every operation at once; these controls make the cases a real GPU produces:
