@@ -4,7 +4,7 @@
 
 The driver entry points are fakes that return 0 at once, either C functions (a stub compiled
 here with cc: what the extension itself costs) or Python ctypes callbacks (as in
-tests/test_hotc.py; the callback dominates). The Python comparisons are the fake driver's (tests/fakes)
+tests/cuda_backend/test_hotc.py; the callback dominates). The Python comparisons are the fake driver's (tests/fakes)
 cuda-bindings stand-ins (a Python function that returns ``(CUresult,)``) and ctypes calls into the
 same C stubs. On a GPU the driver's own cost (launch ~1-2 us) comes on top of each.
 """
@@ -91,7 +91,7 @@ def main() -> None:
     res["_hotc.query (C stub)"] = per_call(lambda: query(0xE000))
     res["empty Python lambda (loop floor)"] = per_call(lambda: None)
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "cuda_backend"))
     from test_hotc import FakeDriver    # the tests' CFUNCTYPE fakes
     drv = FakeDriver()
     hotc.init(*(drv.addresses[k] for k in ("launch", "memcpy", "write64", "wait64", "wait_event", "record",

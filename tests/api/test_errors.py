@@ -163,7 +163,7 @@ async def test_memory_fault_fails_everything_pending_on_the_device(make_runtime)
     queue of the device (SDMA included): the runtime fails all pending work there from the event
     (and what depends on it elsewhere). KFD keeps the process evicted there (queues created later
     too) and ROCr never recreates its SDMA queues: the device is lost, and later work on it fails at
-    once with DeviceLost; the other device goes on (tests/test_device_lost.py has the rest)."""
+    once with DeviceLost; the other device goes on (tests/hsa/test_device_lost.py has the rest)."""
     rt = make_runtime(gpus=2)
     d0, d1 = rt.devices
     target, other = d0.alloc(4096), d1.alloc(4)

@@ -263,7 +263,7 @@ import asyncio, ctypes, aiogpu, numpy as np
 import aiogpu.cuda.driver as D
 from cuda.bindings import driver as cu
 assert D.HOT.name == "cuda-bindings", D.HOT_REASON     # never chosen on the fake by itself
-import sys; sys.path.insert(0, "tests")
+import sys; sys.path.insert(0, "tests/cuda_backend")
 from test_hotc import PROTOS, ORDER
 counts = dict.fromkeys(ORDER, 0)
 def entry(name, fn):

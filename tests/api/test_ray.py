@@ -28,7 +28,7 @@ import aiogpu.ray as aray                       # noqa: E402
 from ray import cloudpickle                     # noqa: E402
 from ray.cluster_utils import Cluster           # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ray_pipeline.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray_pipeline.py"
 NODE = {"num_cpus": 2, "resources": {aray.EMULATED_GPU: 2}, "object_store_memory": 100 << 20}
 # Actor classes defined here (and in the example, loaded below) travel to the workers by value:
 # the workers cannot import this test module by name.

@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from aiogpu.futures import GPUFuture
-from fake_hub import ManualHub
+from fakes.fake_hub import ManualHub
 
 
 def _interrupt(_fut: GPUFuture) -> None:

@@ -38,7 +38,7 @@ CHILD = textwrap.dedent("""
 
 def _env(backend: str) -> dict:
     env = dict(os.environ, AIOGPU_BACKEND=backend)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     paths = [root] + ([os.path.join(root, "tests", "fakes")] if backend == "cuda" else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     return env

@@ -533,7 +533,7 @@ async def kernel_failure_scenario(rt):
 
 CUDA_FAILURE_SCRIPT = """
 import asyncio, sys, time
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {paths!r}
 import aiogpu, pytest
 import test_backends as tb
 from gpu_kernels import fail_if
@@ -561,8 +561,8 @@ async def test_kernel_failure_fails_its_future_and_dependents(make_any, any_back
         import os
         import subprocess
         import sys
-        tests = os.path.dirname(os.path.abspath(__file__))
-        proc = subprocess.run([sys.executable, "-c", CUDA_FAILURE_SCRIPT.format(tests=tests)],
+        here = os.path.dirname(os.path.abspath(__file__))    # test_backends, and gpu_kernels above it
+        proc = subprocess.run([sys.executable, "-c", CUDA_FAILURE_SCRIPT.format(paths=[here, os.path.dirname(here)])],
                               capture_output=True, text=True, timeout=120)
         assert "SCENARIO-OK" in proc.stdout, proc.stdout + proc.stderr
         return

@@ -12,7 +12,7 @@ import pytest
 def test_service_benchmark_smoke(tmp_path):
     pytest.importorskip("aiohttp")
     out = tmp_path / "serve.json"
-    script = os.path.join(os.path.dirname(__file__), "..", "bench", "serve.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "serve.py")
     got = subprocess.run([sys.executable, script, "--backend", "emulator", "--modes", "aiogpu",
                           "--work", "trivial,1ms", "--duration", "1", "--warmup", "0.5", "--clients", "4",
                           "--json", str(out)], capture_output=True, text=True, timeout=240)

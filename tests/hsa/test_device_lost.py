@@ -12,7 +12,7 @@ import pytest
 import aiogpu
 from aiogpu import DeviceLost
 from tests import gpu_kernels
-from tests.test_hsa_library_lifetime import share_library, wait_until
+from tests.hsa.test_hsa_library_lifetime import share_library, wait_until
 
 SOON = 10.0   # bounds an await that must not wait for the watchdog (the old behaviour hung)
 

@@ -49,7 +49,7 @@ def test_mypy_accepts_typical_use_and_reveals_the_result_types():
     pytest.importorskip("mypy")
     expected = _expected()
     assert len(expected) >= 8
-    got = _mypy(str(USAGE), cwd=HERE.parent)        # (the repository's aiogpu, from the root)
+    got = _mypy(str(USAGE), cwd=HERE.parents[1])    # (the repository's aiogpu, from the root)
     revealed = {int(m.group(1)): _short(m.group(2)) for m in
                 re.finditer(r"typed_usage\.py:(\d+): note: Revealed type is \"(.+)\"", got.stdout)}
     errors = [line for line in got.stdout.splitlines() if ": error:" in line]

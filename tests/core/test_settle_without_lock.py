@@ -22,7 +22,7 @@ from aiogpu.testing import Injector
 from gpu_kernels import fail_if, scale, sleep_ms
 from backends import on_fake_cuda, run_on_fake_cuda
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _loop_thread():

@@ -146,7 +146,7 @@ def test_collected_runtimes_leave_no_dangling_handler():
     script = textwrap.dedent("""
         import gc, sys
         import pytest
-        from tests.test_hsa_library_lifetime import fault_on, share_library
+        from tests.hsa.test_hsa_library_lifetime import fault_on, share_library
         import aiogpu
 
         class Patch(pytest.MonkeyPatch):

@@ -18,7 +18,7 @@ import trio.testing
 
 from aiogpu.futures import GPUFuture
 from backends import Batches, Ticks
-from fake_hub import ManualHub
+from fakes.fake_hub import ManualHub
 
 
 async def _await(fut):

@@ -262,7 +262,7 @@ def test_the_waiter_sleeps_while_waited_for_work_is_pending_and_wakes_when_it_co
     """While a kernel someone waits for (here a done-callback) is held and nothing completes,
     the waiter thread blocks in wait_any (it wakes only for its lost-wakeup guard, every 0.1 s):
     it never spins. Its completion wakes it. (Work nobody waits for is scanned for every
-    POLL_S instead: tests/test_waiter_wakeups.py.)"""
+    POLL_S instead: tests/hsa/test_waiter_wakeups.py.)"""
     rt = make_runtime(gpus=1)
     d0 = rt.devices[0]
     g = Gate()
