@@ -3,7 +3,7 @@ its two implementations, the C extension (``_CHot``) and cuda-bindings (``_Bindi
 
 Both must make the same driver calls, in the same order, with the same arguments, and return
 the same codes: checked call by call against recording entry points (the C side: ctypes
-callbacks standing in for libcuda's, as in test_hotc.py; the cuda-bindings side: bench/fakecuda's
+callbacks standing in for libcuda's, as in test_hotc.py; the cuda-bindings side: tests/fakes'
 driver with recording functions), and for whole submissions of the backend (uploads, launches,
 cross-lane waits, device copies, downloads, joins) under each completion mode. And no call site
 outside the driver module tells the implementations apart.
@@ -19,7 +19,7 @@ import pytest
 
 from backends import on_fake_cuda, run_on_fake_cuda
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "aiogpu"
 IMPLEMENTATIONS = ("_CHot", "_BindingsHot", "_CtypesHot")
 
@@ -72,7 +72,7 @@ def test_the_scan_finds_a_type_test(tmp_path):
 # -- the interface, call by call --------------------------------------------------------------------
 INTERFACE_SCRIPT = r"""
 import json, sys
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/cuda_backend")
 from cuda.bindings import driver as cu
 
 # cuda-bindings' hot functions, recording: (name as the C entry points are named, *int args)
@@ -161,7 +161,7 @@ def test_both_implementations_make_the_same_calls_and_return_the_same_codes():
 # -- whole submissions of the backend --------------------------------------------------------------
 SUBMISSION_SCRIPT = r"""
 import ctypes, json, os, sys, threading
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/cuda_backend")
 import numpy as np
 from cuda.bindings import driver as cu
 
