@@ -11,7 +11,7 @@ see in its own CPU time), for four shapes of work:
   fresh array, a launch, ``await to_numpy``, two frees.
 
     python bench/hostcost.py --backend cuda
-    PYTHONPATH=bench/fakecuda:. python bench/hostcost.py --backend cuda   # no GPU: fake driver
+    PYTHONPATH=tests/fakes:. python bench/hostcost.py --backend cuda   # no GPU: fake driver
 """
 from __future__ import annotations
 
