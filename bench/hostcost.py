@@ -32,7 +32,7 @@ with ``python -m aiogpu.cuda.build_hotc`` where missing) runs as on a GPU; the c
 which hot path it used. By hand, the same is::
 
     LD_LIBRARY_PATH=$(python tests/fakes/libcuda/build_libcuda.py) \\
-        PYTHONPATH=bench/fakecuda:. python bench/hostcost.py --backend cuda
+        PYTHONPATH=tests/fakes:. python bench/hostcost.py --backend cuda
 
 ``--ab OLD_TREE`` (a checkout of the commit to compare with, e.g. ``git worktree add --detach
 ../old COMMIT`` or ``git archive COMMIT | tar -x -C ../old``) runs this script on OLD_TREE's
@@ -181,7 +181,7 @@ def print_table(res: dict) -> None:
 # -- children on the fake driver --------------------------------------------------------------------
 def fake_bindings_dir() -> str:
     """The folder holding this tree's fake ``cuda`` package (the one with ``cuGetProcAddress``)."""
-    for pattern in ("tests/fakes/**/cuda/bindings/driver.py", "bench/fakecuda/cuda/bindings/driver.py"):
+    for pattern in ("tests/fakes/**/cuda/bindings/driver.py",):
         for path in sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True)):
             return os.path.dirname(os.path.dirname(os.path.dirname(path)))
     sys.exit("hostcost: this tree has no fake cuda.bindings")

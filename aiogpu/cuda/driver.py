@@ -244,7 +244,7 @@ class _CHot(HotPath):
     launch or copy and its completion-word write are one C call.
 
     ``entry_points`` (tests) replaces libcuda's addresses; by default they come from libcuda,
-    and only where the cuda-bindings in use are the real ones (bench/fakecuda's fake has no
+    and only where the cuda-bindings in use are the real ones (the fake of tests/fakes has no
     ``cuGetProcAddress``, and its handles mean nothing to a real driver)."""
 
     name = "c"
