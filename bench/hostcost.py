@@ -14,8 +14,9 @@ GIL that the loop does not see in its own CPU time). With ``--callgrind``: instr
 operation of the calling thread from valgrind's callgrind, which a loaded machine does not move:
 each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
-(I(3N) - I(N)) / 2N. That count repeats to within 1-2% (the remaining spread moves with the
-threads' interleaving: use ``--repeat``, the A/B takes each tree's lowest); the whole process's
+(I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service) between runs
+of one tree, as which thread settles and frees what depends on when the waiter takes the GIL:
+use ``--repeat`` (the A/B compares each tree's lowest); the whole process's
 count moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
 wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
 
