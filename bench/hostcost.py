@@ -15,7 +15,8 @@ operation of the calling thread from valgrind's callgrind, which a loaded machin
 each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
 (I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service) between runs
-of one tree, as which thread settles and frees what depends on when the waiter takes the GIL:
+of one tree (probably as which thread settles and frees what moves with when the waiter takes
+the GIL):
 use ``--repeat`` (the A/B compares each tree's lowest); the whole process's
 count moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
 wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
