@@ -16,9 +16,8 @@ each shape runs N operations, and in a second process 3N, after the same warm-up
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
 (I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service) between runs
 of one tree (probably as which thread settles and frees what moves with when the waiter takes
-the GIL):
-use ``--repeat`` (the A/B compares each tree's lowest); the whole process's
-count moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
+the GIL): use ``--repeat`` (the A/B compares each tree's lowest). The whole process's count
+moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
 wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
 
     python bench/hostcost.py --backend cuda                 # this tree, on the driver installed
