@@ -24,7 +24,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 STEPS=${STEPS:-"tests bench"}
 if [[ $STEPS == *tests* ]]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --timeout 120 -rs \
-    tests/test_backends.py tests/test_conformance.py tests/test_host_cost.py tests/test_issue13.py tests/test_dataloader.py tests/test_stream_futures.py tests/test_compile_off_loop.py tests/test_views_cuda.py tests/test_future_protocol.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+    tests/api/test_backends.py tests/api/test_conformance.py tests/api/test_host_cost.py tests/api/test_issue13.py tests/api/test_dataloader.py tests/cuda_backend/test_stream_futures.py tests/api/test_compile_off_loop.py tests/cuda_backend/test_views_cuda.py tests/api/test_future_protocol.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
 fi
 if [[ $STEPS == *serve* ]]; then
   timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --duration ${SERVE_S:-5} \
@@ -45,7 +45,4 @@ if [[ $STEPS == *bench* ]]; then
 fi
 if [[ $STEPS == *bindings* ]]; then   # the pure-Python fallback, for comparison with the default
   AIOGPU_CUDA_HOT=bindings timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_bindings.json" 2>&1 | tee "$OUT/bench_bindings.log"
-fi
-if [[ $STEPS == *ctypes* ]]; then
-  AIOGPU_CUDA_HOT=ctypes timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_ctypes.json" 2>&1 | tee "$OUT/bench_ctypes.log"
 fi

@@ -33,7 +33,7 @@ with ``python -m aiogpu.cuda.build_hotc`` where missing) runs as on a GPU; the c
 which hot path it used. By hand, the same is::
 
     LD_LIBRARY_PATH=$(python tests/fakes/libcuda/build_libcuda.py) \\
-        PYTHONPATH=bench/fakecuda:. python bench/hostcost.py --backend cuda
+        PYTHONPATH=tests/fakes:. python bench/hostcost.py --backend cuda
 
 ``--ab OLD_TREE`` (a checkout of the commit to compare with, e.g. ``git worktree add --detach
 ../old COMMIT`` or ``git archive COMMIT | tar -x -C ../old``) runs this script on OLD_TREE's
@@ -182,9 +182,8 @@ def print_table(res: dict) -> None:
 # -- children on the fake driver --------------------------------------------------------------------
 def fake_bindings_dir() -> str:
     """The folder holding this tree's fake ``cuda`` package (the one with ``cuGetProcAddress``)."""
-    for pattern in ("tests/fakes/**/cuda/bindings/driver.py", "bench/fakecuda/cuda/bindings/driver.py"):
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True)):
-            return os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests/fakes/**/cuda/bindings/driver.py"), recursive=True)):
+        return os.path.dirname(os.path.dirname(os.path.dirname(path)))
     sys.exit("hostcost: this tree has no fake cuda.bindings")
 
 
@@ -262,7 +261,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7, help="timed runs per shape (the best counts)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ", ".join(SHAPES))
     ap.add_argument("--fake", action="store_true", help="on the fake CUDA driver with its libcuda.so.1, in children")
-    ap.add_argument("--hot", choices=("c", "bindings", "ctypes"), help="force this CUDA hot path (AIOGPU_CUDA_HOT)")
+    ap.add_argument("--hot", choices=("c", "bindings"), help="force this CUDA hot path (AIOGPU_CUDA_HOT)")
     ap.add_argument("--ab", metavar="OLD_TREE", help="also OLD_TREE's aiogpu, alternating (implies --fake)")
     ap.add_argument("--rounds", type=int, default=3, help="with --ab: runs of each tree, alternating")
     ap.add_argument("--callgrind", action="store_true", help="instructions per operation (valgrind; implies --fake)")

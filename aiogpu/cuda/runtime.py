@@ -33,7 +33,9 @@ from .driver import cu
 from .waiter import DEFAULT_SPIN_S, CudaHub
 
 
-_wait64 = cu.cuStreamWaitValue64
+def _nothing(stream: int, word: int, ticket: int) -> int:
+    """The enqueue of a submission with no work of its own (a join, a foreign stream's point)."""
+    return 0
 
 
 class CudaRuntime(Runtime):
@@ -71,8 +73,8 @@ class CudaRuntime(Runtime):
             for i in range(count):
                 self.devices.append(CudaDevice(self, i, compute_streams=queues_per_device))
             self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
-            lane = self.devices[0].compute[0]
-            self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
+            # How completion words are written (stats): by the hot path, where there are words.
+            self.write_path = D.HOT.write_path if self.devices[0].compute[0].dptr is not None else None
             # Load NVRTC now (its import maps a large library while holding the GIL: done by the
             # first compile's worker thread, it stalled the event loop for 4-6 ms on the H200).
             nvrtc.version()
@@ -117,16 +119,19 @@ class CudaRuntime(Runtime):
     def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
                reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
                on_complete: list | None = None, nbytes: int = 0, staging: Any = None,
-               fused: bool = False) -> Any:
-        """Wait on ``deps`` on the device, run ``enqueue(stream)`` (returns a CUresult), record
-        the completion event and write the lane's completion word; returns the future (the
-        core checked failed inputs already). A failure to queue the work returns a failed future
-        and runs ``cleanup`` at once. ``fused``: ``enqueue`` writes the completion word itself
-        (ticket ``lane.ticket + 1``, after its work, only if that was queued): only where the
-        lane has a word and no event is recorded (C hot path)."""
+               fusable: bool = False) -> Any:
+        """Wait on ``deps`` on the device, run ``enqueue(stream, word, ticket)`` (returns a
+        CUresult; ``stream`` is the lane's as an int), record the completion event and write the
+        lane's completion word; returns the future (the core checked failed inputs already). A
+        failure to queue the work returns a failed future and runs ``cleanup`` at once.
+
+        ``fusable``: ``enqueue`` is one ``HotPath.launch`` or ``memcpy`` that passes ``word`` and
+        ``ticket`` on (writing the ticket to the word after its work, only if queued). Whether
+        it is given the lane's word is decided here, from ``lane.fused_word`` (streams.Lane);
+        otherwise it gets ``word=0`` and the word is written (or the event recorded) after it."""
         hub = self.hub
         device.make_current()
-        stream = lane.stream
+        stream = lane.sh
         hot = D.HOT
         code = 0
         if deps:
@@ -141,22 +146,21 @@ class CudaRuntime(Runtime):
             for dep in waits.values():
                 if dep.ticket > dep.lane.done_upto():   # (else its lane's word shows it done: no wait)
                     if dep.event is not None:
-                        code = hot.wait(stream, dep.event)
-                    elif type(hot) is D._CHot:     # wait on the device for the other lane's word
+                        code = hot.wait_event(stream, dep.event)
+                    else:                          # wait on the device for the other lane's word
                         code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
-                    else:
-                        code = _wait64(stream, dep.lane.dptr, dep.ticket, D.WAIT_GEQ)[0]
                     if code:
                         break
+        word = lane.fused_word if fusable else 0
         if not code:
-            code = enqueue(stream)
+            code = enqueue(stream, word, lane.ticket + 1 if word else 0)
         event = None
-        if not code:
+        if not code and not word:
             if lane.dptr is None or self.event_waits:
                 event = device.events.acquire()
                 code = hot.record(event, stream)
-            if not code and lane.dptr is not None and not fused:
-                code = D.write64(stream, lane.dptr, lane.ticket + 1)
+            if not code and lane.dptr is not None:
+                code = hot.write64(stream, lane.wordp, lane.ticket + 1)
         if code:
             if event is not None:
                 device.events.release(event)
@@ -250,24 +254,26 @@ class CudaRuntime(Runtime):
         stream always takes it)."""
         device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
         lane = self._copy_lane(device, op.direction, deps)
-        hot, fused = D.HOT, False
-        mapped = self._shader_can_copy(op)
         patched = self._patches        # (_take_patches inlined: this runs per copy)
+        fusable = False
+        memcpy = D.HOT.memcpy
+
+        def copy(stream: int, word: int, ticket: int) -> int:    # (fusable: passes the word on)
+            return memcpy(dptr, sptr, nbytes, stream, word, ticket)
+
         if patched is not None and patched[0] is op:
             self._patches = None
-            copy = self._with_patches(op, lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream), patched[1])
-        elif mapped and type(hot) is D._CHot and lane.wordp and not self.event_waits:
-            cmemcpy, sh, wordp, fused = hot.memcpy, lane.sh, lane.wordp, True     # copy + word write: one C call
-            copy = lambda stream: cmemcpy(dptr, sptr, nbytes, sh, wordp, lane.ticket + 1)  # noqa: E731
-        elif mapped:
-            copy = lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream)  # noqa: E731
+            copy = self._with_patches(op, copy, patched[1])
+        elif self._shader_can_copy(op):
+            fusable = True
         else:
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
-            copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
+            copy = lambda stream, word, ticket: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
         if op.dst.stream is not None or op.src.stream is not None:     # (another library's array)
             copy = self.with_foreign_waits(device, interop.copy_streams(op), copy)
         return self.submit(device, lane, op.label, deps, copy, op.reads, [op.dst.state], op.keep,
-                           op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging, fused=fused)
+                           op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging,
+                           fusable=fusable)
 
     @staticmethod
     def _copy_lane(device: CudaDevice, direction: str, deps: dict) -> Any:
@@ -301,36 +307,40 @@ class CudaRuntime(Runtime):
     def _with_patches(op: CopyOp, enqueue: Any, patches: list) -> Any:
         """After the upload ``enqueue`` queues, copy each patch, (offset, source pointer,
         bytes), into the destination at its offset, in order, on the same stream (so after the
-        waits of the upload: the bounced downloads whose blocks they read have completed)."""
+        waits of the upload: the bounced downloads whose blocks they read have completed).
+        Not fusable: the completion word goes after the last patch."""
         dst = op.dst.ptr
 
-        def run(stream: Any) -> int:
-            code = enqueue(stream)
+        def run(stream: int, word: int, ticket: int) -> int:
+            code = enqueue(stream, 0, 0)
+            memcpy = D.HOT.memcpy
             for off, src, n in patches:
                 if code:
                     break
-                code = D.HOT.memcpy(dst + off, src, n, stream)
+                code = memcpy(dst + off, src, n, stream)
             return code
 
         return run
 
     def with_foreign_waits(self, device: CudaDevice, streams: Iterable, enqueue: Any) -> Any:
         """Order a copy or launch after the work another library queued on ``streams`` (an
-        event recorded there, waited for on the device)."""
-        streams = list(streams)
+        event recorded there, waited for on the device). Fusable where ``enqueue`` is: the
+        completion word is passed on to it."""
+        streams = [int(s) for s in streams]
         if not streams:
             return enqueue
 
-        def run(stream: Any) -> int:
+        def run(stream: int, word: int, ticket: int) -> int:
+            hot = D.HOT
             for other in streams:
                 ev = device.events.acquire()
                 try:
-                    code = D.HOT.record(ev, cu.CUstream(other)) or D.HOT.wait(stream, ev)
+                    code = hot.record(ev, other) or hot.wait_event(stream, ev)
                 finally:
                     device.events.release(ev)
                 if code:
                     return code
-            return enqueue(stream)
+            return enqueue(stream, word, ticket)
 
         return run
 
@@ -395,7 +405,7 @@ class CudaRuntime(Runtime):
         share one, else on a compute lane of the device."""
         lanes = {id(f.lane): f.lane for f in live if f.lane is not None}
         lane = next(iter(lanes.values())) if len(lanes) == 1 else device._pick_lane(deps)
-        return self.submit(lane.device, lane, f"gather of {len(deps)}", deps, lambda stream: 0, [], [])
+        return self.submit(lane.device, lane, f"gather of {len(deps)}", deps, _nothing, [], [])
 
     def _instantiate(self, graph: Any) -> Any:
         from .graphs import CudaGraphExec

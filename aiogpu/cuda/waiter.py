@@ -34,7 +34,7 @@ hit a sticky error (illegal address, trap, ...): every pending future of that de
 marked broken (later work on it fails at once, never hangs). CUDA does not recover from such
 errors inside the process: closing the runtime resets the device's primary context, but on the
 H200 driver a new runtime in the same process still gets the error (``CudaError`` naming it);
-a new process works (tests/test_backends.py runs the CUDA failure case in a child process).
+a new process works (tests/api/test_backends.py runs the CUDA failure case in a child process).
 """
 from __future__ import annotations
 

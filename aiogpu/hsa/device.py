@@ -9,7 +9,7 @@ from ..futures import GPUFuture
 from ..hsa_bindings import packets as P
 from ..hsa_bindings import types as T
 from ..kernels import Kernel
-from ..queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
+from .queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
 from .kernels import LoadedKernel, code_object, load_kernel, needs_compile, pack_args
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from ..graph import Graph, GraphExec, GraphNode
 from ..hsa_bindings import packets as P
 from ..kernels import copy_kernel
 from ..memory import Buffer
-from ..queues import PacketGroup, barrier_and_packets
+from .queues import PacketGroup, barrier_and_packets
 from .device import HsaDevice as Device
 from .kernels import pack_args
 

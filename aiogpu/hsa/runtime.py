@@ -16,9 +16,9 @@ from ..futures import GPUFuture
 from ..hsa_bindings import loader
 from ..hsa_bindings import types as T
 from ..memory import Buffer
-from ..queues import barrier_and_packets
+from .queues import barrier_and_packets
 from ..runtime import CopyOp, Runtime
-from ..signals import CompletionHub
+from .signals import CompletionHub
 from .device import HsaDevice
 from .kernels import unload_kernel
 from .memory import HostLocks

@@ -1,7 +1,7 @@
 """Build the fake ``libcuda.so.1`` (``fakecuda.c`` beside this file) on demand; print its folder.
 
     LD_LIBRARY_PATH=$(python tests/fakes/libcuda/build_libcuda.py) \\
-        PYTHONPATH=bench/fakecuda:. python bench/hostcost.py --backend cuda
+        PYTHONPATH=tests/fakes:. python bench/hostcost.py --backend cuda
 
 With that folder on ``LD_LIBRARY_PATH`` and the fake ``cuda.bindings`` on ``PYTHONPATH``, the
 fake's ``cuGetProcAddress`` exists and ``ctypes.CDLL("libcuda.so.1")`` loads this library, so
