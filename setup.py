@@ -1,6 +1,12 @@
-"""The optional C parts: the CUDA backend's hot path (aiogpu/cuda/_hotc.c) and the virtual KFD of
-the hsa-virtual backend (aiogpu/vkfd/vkfd.c, built as aiogpu/vkfd/libhsakmt.so.1); everything else
-about the package is in pyproject.toml.
+"""The optional compiled parts: the core (aiogpu/_core/X.py with an X.pxd beside it, compiled by
+Cython 3 in pure-Python mode), the CUDA backend's hot path (aiogpu/cuda/_hotc.c) and the virtual
+KFD of the hsa-virtual backend (aiogpu/vkfd/vkfd.c, built as aiogpu/vkfd/libhsakmt.so.1);
+everything else about the package is in pyproject.toml.
+
+The core is compiled where Cython 3 and a C compiler exist; elsewhere (or if compiling fails)
+the install warns and the same .py files run interpreted. Each compiled module is recorded, with
+the hash of the sources it was compiled from, in aiogpu/_core/_compiled.txt beside it: the core
+loads a compiled module only while its sources still match (see aiogpu/_core/__init__.py).
 
 The extension is built where a C compiler and this Python's headers exist and skipped, with a
 warning, where they do not: aiogpu then uses its pure-Python hot path (aiogpu.cuda.driver picks
@@ -11,7 +17,10 @@ ROCr 5.2.3 links against, with soname ``libhsakmt.so.1``. It builds where a C co
 Debian's libhsakmt-dev headers (``hsakmt.h``) exist and is skipped, with a warning, elsewhere;
 the hsa-virtual backend is then unavailable and says which packages it needs.
 """
+import glob
+import hashlib
 import os
+import warnings
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -22,17 +31,38 @@ class OptionalBuildExt(build_ext):
     also covers a missing compiler or headers detected before compiling (setup errors)."""
 
     def run(self) -> None:
+        self._core_built: list[str] = []
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - any failure here means "no C hot path"
-            self.warn(f"the optional C hot path (aiogpu.cuda._hotc) was not built: {exc}")
+        except Exception as exc:  # noqa: BLE001 - any failure here means "no compiled parts"
+            self.warn(f"the optional compiled parts (C hot path, compiled core) were not built: {exc}")
+        self._write_core_record()
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
-            what = "virtual KFD (hsa-virtual backend)" if ext.name == VKFD else f"C hot path ({ext.name})"
+            if ext.name == VKFD:
+                what = "virtual KFD (hsa-virtual backend)"
+            elif ext.name.startswith(CORE + "."):
+                what = f"compiled core module ({ext.name}; its .py runs interpreted)"
+            else:
+                what = f"C hot path ({ext.name})"
             self.warn(f"the optional {what} was not built: {exc}")
+            return
+        if ext.name.startswith(CORE + "."):
+            self._core_built.append(ext.name.rsplit(".", 1)[1])
+
+    def _write_core_record(self) -> None:
+        """aiogpu/_core/_compiled.txt beside the compiled core: the Cython version, then one line
+        per compiled module, "name digest" (the format aiogpu/_core/__init__.py reads)."""
+        if not CORE_MODULES:
+            return
+        out_dir = os.path.dirname(self.get_ext_fullpath(f"{CORE}.{CORE_MODULES[0]}"))
+        os.makedirs(out_dir, exist_ok=True)
+        lines = [CYTHON_VERSION] + [f"{name} {core_digest(name)}" for name in sorted(self._core_built)]
+        with open(os.path.join(out_dir, "_compiled.txt"), "w", encoding="ascii") as f:
+            f.write("\n".join(lines) + "\n")
 
     def get_ext_filename(self, fullname: str) -> str:
         # the soname ROCr's DT_NEEDED names, not a Python module's name (distutils passes the
@@ -48,10 +78,60 @@ class OptionalBuildExt(build_ext):
 
 
 VKFD = "aiogpu.vkfd.libhsakmt"
+CORE = "aiogpu._core"
+CORE_DIR = os.path.join("aiogpu", "_core")
+
+
+def core_digest(name: str) -> str:
+    """The hash of a core module's .py and .pxd (the same as aiogpu._core.source_digest, which
+    this file cannot import: the package's dependencies are not in the build environment)."""
+    h = hashlib.sha256()
+    for suffix in (".py", ".pxd"):
+        path = os.path.join(CORE_DIR, name + suffix)
+        if os.path.exists(path) or suffix == ".py":
+            with open(path, "rb") as f:
+                h.update(f.read())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def core_extensions() -> tuple[list, list[str], str]:
+    """(extensions, module names, Cython version) of the core modules that have a .pxd; none,
+    with a warning, where Cython 3 is missing or cannot translate them."""
+    names = sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(CORE_DIR, "*.pxd"))
+                   if os.path.exists(p[:-4] + ".py"))
+    if not names or os.environ.get("AIOGPU_NO_COMPILE_CORE", "") not in ("", "0"):
+        return [], [], ""
+    try:
+        import Cython
+        from Cython.Build import cythonize
+    except ImportError:
+        warnings.warn("Cython is not installed: the core (aiogpu/_core) runs interpreted")
+        return [], [], ""
+    if int(Cython.__version__.split(".")[0]) < 3:
+        warnings.warn(f"Cython {Cython.__version__} is older than 3: the core (aiogpu/_core) runs interpreted")
+        return [], [], ""
+    exts = [Extension(f"{CORE}.{n}", [os.path.join(CORE_DIR, n + ".py")], optional=True) for n in names]
+    try:
+        exts = cythonize(exts, build_dir=os.path.join("build", "cython"), quiet=True,
+                         compiler_directives={"language_level": 3,
+                                             # the .pxd types, not the annotations (those are for
+                                             # mypy: a C int would take True and 1.5)
+                                             "annotation_typing": False})
+    except Exception as exc:  # noqa: BLE001 - a translation error means "interpreted", never a failed install
+        warnings.warn(f"Cython could not translate the core (aiogpu/_core runs interpreted): {exc}")
+        return [], [], ""
+    for ext in exts:
+        ext.optional = True
+    return exts, names, Cython.__version__
+
+
+CORE_EXTENSIONS, CORE_MODULES, CYTHON_VERSION = core_extensions()
 
 
 setup(
     ext_modules=[
+        *CORE_EXTENSIONS,
         Extension("aiogpu.cuda._hotc", ["aiogpu/cuda/_hotc.c"], optional=True),
         Extension(VKFD, ["aiogpu/vkfd/vkfd.c"], optional=True, libraries=["pthread"],
                   depends=["aiogpu/vkfd/hsakmt.ver"],

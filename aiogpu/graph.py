@@ -22,7 +22,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import capture as _capture
-from . import ordering
+from ._core import hazards
+from ._core import submit as _submit
 from .device import MAX_GRID, MAX_WORKGROUP, Device, check_args, check_dims
 from .capture import GraphNode
 from .futures import GPUFuture
@@ -39,7 +40,7 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[GraphNode] = []
         self.runtime: Any = None
-        self._host = ordering.Hazards()        # buffers and host arrays: by address range
+        self._host = hazards.Hazards()        # buffers and host arrays: by address range
         self._token: Any = None
 
     def __enter__(self) -> "Graph":
@@ -71,9 +72,9 @@ class Graph:
             if not isinstance(f, GraphNode) or f.graph is not self:
                 raise ValueError(f"inside a capture, after= takes nodes of the same graph, got {f!r}")
         rstates, wstates = [self._state(k) for k in reads], [self._state(k) for k in writes]
-        deps = ordering.dependencies(rstates, wstates, after)   # the run-time rules, at capture
+        deps = hazards.dependencies(rstates, wstates, after)   # the run-time rules, at capture
         node = GraphNode(self, kind, op, deps, len(self.nodes), label)
-        ordering.record(node, rstates, wstates)
+        hazards.record(node, rstates, wstates)
         self.nodes.append(node)
         return node
 
@@ -170,7 +171,7 @@ class GraphExec:
                 raise ValueError("this graph executable is closed")
             reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
-            fut = rt._submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
+            fut = _submit.guarded(rt, self.home_device(), label, reads, writes, [], lambda deps: self._replay(
                 patches, deps, reads, writes, keep, label))
             self.replays += 1
             if not fut.retired:   # (a replay failed at once for a failed input ran nothing)

@@ -1,4 +1,5 @@
-"""``aiogpu info``: the backend, why it was chosen, and every device with its lanes."""
+"""``aiogpu info``: which core is loaded (compiled or interpreted), the backend, why it was
+chosen, and every device with its lanes."""
 from __future__ import annotations
 
 import argparse
@@ -7,8 +8,10 @@ from . import closing
 
 
 def run(args: argparse.Namespace) -> int:
+    from .. import _core
     from ..runtime import Runtime
 
+    print(_core.summary())          # first: it holds where no runtime starts
     rt = Runtime(args.backend)
     with closing(rt):
         print(rt.describe())

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import ordering
+from .._core import hazards
 from ..memory import Buffer
 from . import driver as D
 from .driver import cu
@@ -102,13 +102,14 @@ def _submitted(f: Any) -> Any:
 def _writer_lane(buf: Buffer) -> Any:
     """The lane whose stream orders a consumer after the pending writers of ``buf``'s bytes
     (under the lock): the writer's, or a join's when several lanes wrote; None when none."""
-    writers = [w for w in map(_submitted, ordering.touching(buf)[0]) if getattr(w, "lane", None) is not None]
+    writers = [w for w in map(_submitted, hazards.touching(buf)[0]) if getattr(w, "lane", None) is not None]
     if not writers:
         return None
     if len({id(w.lane) for w in writers}) == 1:
         return writers[-1].lane
     rt = buf.device.runtime
-    return rt._submit_join(buf.device, writers, {w: False for w in writers}).lane
+    from .._core import submit
+    return submit.join(rt, buf.device, writers, {w: False for w in writers}).lane
 
 
 def typestr(dtype: np.dtype) -> str:
@@ -215,7 +216,7 @@ def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_de
 
 def _consumer_waits(buf: Buffer, consumer: int) -> None:
     """Make the consumer's stream wait, on the device, for the pending work on ``buf``'s bytes."""
-    writers, readers = ordering.touching(buf)
+    writers, readers = hazards.touching(buf)
     pending: list[Any] = [f for f in map(_submitted, [*writers, *readers])
                           if not f.done() and getattr(f, "lane", None) is not None]
     if not pending:

@@ -18,12 +18,13 @@ on a compute lane) wherever the memory is mapped for the device.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable
+import functools
+from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import BackendUnavailable, GPUError
-from ..futures import PENDING, completed_future
+from .._core import submit as _submit
+from ..errors import BackendUnavailable
 from ..runtime import FIXES, CopyOp, Runtime
 from . import driver as D
 from . import nvrtc
@@ -115,86 +116,85 @@ class CudaRuntime(Runtime):
                     if err in (0, D.PEER_ALREADY_ENABLED):
                         a.peers.add(b.index)
 
-    # -- submission (under the lock) -------------------------------------------------------------
-    def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
-               reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
-               on_complete: list | None = None, nbytes: int = 0, staging: Any = None,
-               fusable: bool = False) -> Any:
-        """Wait on ``deps`` on the device, run ``enqueue(stream, word, ticket)`` (returns a
-        CUresult; ``stream`` is the lane's as an int), record the completion event and write the
-        lane's completion word; returns the future (the core checked failed inputs already). A
-        failure to queue the work returns a failed future and runs ``cleanup`` at once.
+    # -- encoding on a lane (under the lock) ------------------------------------------------------
+    def _wait_on_device(self, lane: Any, waits: Sequence) -> int:
+        """Make ``lane`` wait, on the device, for ``waits``: one wait per other lane (its newest
+        dependency suffices: lanes run in order), none for work its lane's word already shows
+        done; ``cuStreamWaitValue64`` on the other lane's word, or ``cuStreamWaitEvent`` where
+        it recorded an event. The first failing call's CUresult, else 0."""
+        newest: dict = {}
+        for dep in waits:
+            other = dep.lane
+            if other is None or other is lane:
+                continue
+            cur = newest.get(other)
+            if cur is None or dep.ticket > cur.ticket:
+                newest[other] = dep
+        hot, stream = D.HOT, lane.sh
+        for dep in newest.values():
+            if dep.ticket > dep.lane.done_upto():
+                if dep.event is not None:
+                    code = hot.wait_event(stream, dep.event)
+                else:
+                    code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
+                if code:
+                    return code
+        return 0
+
+    def _completed_on_lane(self, fut: Any, lane: Any, cleanup: list, code: int, word: int) -> None:
+        """After the operation's enqueue returned ``code`` (``word``: it wrote the completion
+        word itself): record the event and write the word (unless it did), and make ``fut`` the
+        lane's next ticket. Raises CudaError when a call failed (a sticky error fails the device
+        first): nothing then completes ``fut``."""
+        event = None
+        if not code and not word:
+            stream = lane.sh
+            if lane.dptr is None or self.event_waits:
+                event = lane.device.events.acquire()
+                code = D.HOT.record(event, stream)
+            if not code and lane.dptr is not None:
+                code = D.HOT.write64(stream, lane.wordp, lane.ticket + 1)
+        if code:
+            if event is not None:
+                lane.device.events.release(event)
+            if int(code) in D.STICKY:
+                self.hub.device_failed(lane.device, int(code), lane)
+            raise D.CudaError(f"{fut.label} on {lane.name}: {D.error_name(code)}", status=int(code),
+                              queue=lane.name)
+        lane.ticket = ticket = lane.ticket + 1
+        fut.lane, fut.ticket, fut.event = lane, ticket, event
+        fut.queue, fut.packet = lane.name, ticket
+        if event is not None:
+            cleanup.append(functools.partial(lane.device.events.release, event))
+
+    def _encode_on_lane(self, fut: Any, lane: Any, waits: Sequence, cleanup: list, enqueue: Any, *,
+                        fusable: bool = False, on_complete: list | None = None, nbytes: int = 0,
+                        staging: Any = None) -> tuple:
+        """``enqueue(stream, word, ticket)`` (returns a CUresult; ``stream`` the lane's as an
+        int) on ``lane`` after ``waits``, then the lane's completion of ``fut``.
 
         ``fusable``: ``enqueue`` is one ``HotPath.launch`` or ``memcpy`` that passes ``word`` and
         ``ticket`` on (writing the ticket to the word after its work, only if queued). Whether
         it is given the lane's word is decided here, from ``lane.fused_word`` (streams.Lane);
         otherwise it gets ``word=0`` and the word is written (or the event recorded) after it."""
-        hub = self.hub
-        device.make_current()
-        stream = lane.sh
-        hot = D.HOT
-        code = 0
-        if deps:
-            waits: dict = {}
-            for dep in deps:
-                other = dep.lane
-                if other is None or other is lane or dep.retired:
-                    continue
-                cur = waits.get(other)
-                if cur is None or dep.ticket > cur.ticket:
-                    waits[other] = dep
-            for dep in waits.values():
-                if dep.ticket > dep.lane.done_upto():   # (else its lane's word shows it done: no wait)
-                    if dep.event is not None:
-                        code = hot.wait_event(stream, dep.event)
-                    else:                          # wait on the device for the other lane's word
-                        code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
-                    if code:
-                        break
+        lane.device.make_current()
+        code = self._wait_on_device(lane, waits) if waits else 0
         word = lane.fused_word if fusable else 0
         if not code:
-            code = enqueue(stream, word, lane.ticket + 1 if word else 0)
-        event = None
-        if not code and not word:
-            if lane.dptr is None or self.event_waits:
-                event = device.events.acquire()
-                code = hot.record(event, stream)
-            if not code and lane.dptr is not None:
-                code = hot.write64(stream, lane.wordp, lane.ticket + 1)
-        if code:
-            if event is not None:
-                device.events.release(event)
-            exc = GPUError(f"{label} on {lane.name}: {D.error_name(code)}", status=int(code), queue=lane.name)
-            for fn in cleanup:
-                fn()
-            if int(code) in D.STICKY:
-                hub.device_failed(device, int(code), lane)
-            return completed_future(hub, label, exc)
-        lane.ticket = ticket = lane.ticket + 1
-        fut = hub.new_future(label)
-        fut.lane, fut.ticket, fut.event = lane, ticket, event
-        fut.device, fut.queue, fut.packet = device, lane.name, ticket
-        fut.on_complete, fut.nbytes, fut.staging = on_complete, nbytes, staging
-        if deps:
-            host_deps = None
-            for dep, semantic in deps.items():
-                if dep.retired:
-                    continue
-                if semantic:
-                    dep._add_dependent(fut)
-                if dep._state == PENDING and (getattr(dep, "on_complete", None) or getattr(dep, "host_deps", None)):
-                    # Work with host-side completion steps (bounced device-to-host copies): they
-                    # run before this future completes, so that its result includes them.
-                    host_deps = host_deps or []
-                    if dep.on_complete:
-                        host_deps.append(dep)
-                    host_deps.extend(d for d in dep.host_deps or () if d._state == PENDING)
-            fut.host_deps = host_deps
-        events = device.events
-        self._track(fut, reads, writes, deps, keep,
-                   [*cleanup, lambda: events.release(event)] if event is not None else cleanup)
-        hub.watch(fut)
-        return fut
+            code = enqueue(lane.sh, word, lane.ticket + 1 if word else 0)
+        self._completed_on_lane(fut, lane, cleanup, code, word)
+        fut.on_complete, fut.staging = on_complete, staging
+        if nbytes:
+            fut.nbytes = nbytes
+        return ()
+
+    def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
+               reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
+               kind: str = "dispatch") -> Any:
+        """Other work on ``lane`` through the core's submission (graph replays, other
+        libraries' streams and events): ``enqueue(stream, word, ticket)`` after ``deps``."""
+        return _submit.encoded(self, device, lane, label, kind, deps, reads, writes, keep, cleanup,
+                               functools.partial(_encode_with, self, enqueue))
 
     # -- hooks: other libraries' streams and events ---------------------------------------------
     def _foreign_check(self, obj: Any) -> None:
@@ -249,11 +249,10 @@ class CudaRuntime(Runtime):
             op.dst.ptr, op.on_complete, op.staging = self._host_destination(
                 op.dst.obj, op.dst.state, op.nbytes, op.cleanup)
 
-    def _submit_copy(self, op: CopyOp, deps: dict) -> Any:
-        """The copy on the engine device's copy stream of its direction (never None: a copy
-        stream always takes it)."""
+    def _encode_copy(self, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cleanup: list) -> tuple:
+        """The copy on ``lane`` (a copy stream of the engine device, or the compute stream of its
+        only input: ``_copy_lane``)."""
         device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
-        lane = self._copy_lane(device, op.direction, deps)
         patched = self._patches        # (_take_patches inlined: this runs per copy)
         fusable = False
         memcpy = D.HOT.memcpy
@@ -271,12 +270,15 @@ class CudaRuntime(Runtime):
             copy = lambda stream, word, ticket: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
         if op.dst.stream is not None or op.src.stream is not None:     # (another library's array)
             copy = self.with_foreign_waits(device, interop.copy_streams(op), copy)
-        return self.submit(device, lane, op.label, deps, copy, op.reads, [op.dst.state], op.keep,
-                           op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging,
-                           fusable=fusable)
+        return self._encode_on_lane(fut, lane, waits, cleanup, copy, fusable=fusable, on_complete=op.on_complete,
+                                    nbytes=nbytes, staging=op.staging)
+
+    def _copy_lane(self, op: CopyOp, deps: dict) -> Any:
+        """A copy stream always takes it (``_copy_lane_for``)."""
+        return self._copy_lane_for(op.device, op.direction, deps)
 
     @staticmethod
-    def _copy_lane(device: CudaDevice, direction: str, deps: dict) -> Any:
+    def _copy_lane_for(device: CudaDevice, direction: str, deps: dict) -> Any:
         """The copy stream of ``direction``; but a download whose only pending input is work on
         one compute stream of the device goes on that stream: stream order then suffices, and
         no cross-stream wait stalls the downloads queued behind it on the shared copy stream
@@ -400,12 +402,14 @@ class CudaRuntime(Runtime):
         return ptr, [lambda: hostmem.memmove(addr, ptr, nbytes)], block
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
-    def _submit_join(self, device: CudaDevice, live: list, deps: dict) -> Any:
-        """An event recorded after device-side waits, on the lane of the live futures if they
-        share one, else on a compute lane of the device."""
+    def _join_lane(self, device: CudaDevice, live: list, deps: dict) -> Any:
+        """The lane of the live futures if they share one, else a compute lane of the device."""
         lanes = {id(f.lane): f.lane for f in live if f.lane is not None}
-        lane = next(iter(lanes.values())) if len(lanes) == 1 else device._pick_lane(deps)
-        return self.submit(lane.device, lane, f"gather of {len(deps)}", deps, _nothing, [], [])
+        return next(iter(lanes.values())) if len(lanes) == 1 else device._pick_lane(deps)
+
+    def _encode_join(self, fut: Any, lane: Any, waits: Sequence, cleanup: list) -> tuple:
+        """Device-side waits, then the lane's completion (word write or event record)."""
+        return self._encode_on_lane(fut, lane, waits, cleanup, _nothing)
 
     def _instantiate(self, graph: Any) -> Any:
         from .graphs import CudaGraphExec
@@ -444,3 +448,7 @@ class CudaRuntime(Runtime):
         for dev in self.devices:
             dev.release_context()
         D.forget_current()
+
+
+def _encode_with(rt: CudaRuntime, enqueue: Any, fut: Any, lane: Any, waits: Sequence, cleanup: list) -> tuple:
+    return rt._encode_on_lane(fut, lane, waits, cleanup, enqueue)

@@ -247,7 +247,7 @@ class AqlQueue:
         return parts
 
     def _part_future(self, main: GPUFuture, index: int) -> GPUFuture:
-        fut = self.hub.new_future(f"{main.label} (part {index})")
+        fut = self.hub.watch(self.hub.new_future(f"{main.label} (part {index})"))
         fut.device, fut.kind, fut.queue = getattr(self, "device", None), "barrier", self.name
         fut._add_dependent(main)         # a failed part fails the whole group
         main.preds.append(fut)               # and the group completes only after its parts

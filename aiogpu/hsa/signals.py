@@ -149,9 +149,12 @@ class CompletionHub(FutureHub):
         self._freq = self._timestamp_frequency()
         self.start()
 
-    def new_future(self, label: str) -> GPUFuture:
-        """A pending future backed by a fresh pool signal, watched from now on (call under lock)."""
-        return self.watch(GPUFuture(self, label, signal=self.pool.acquire()))
+    def _new_key(self) -> int:
+        """A fresh pool signal (value 1) for a future about to be encoded (under lock)."""
+        return self.pool.acquire()
+
+    def retain_key(self, key: int) -> None:
+        self.pool.retain(key)
 
     def depend(self, fut: GPUFuture, on: GPUFuture, *, semantic: bool = True) -> None:
         """Record that packets of ``fut`` name ``on``'s signal (kept from reuse until ``fut``

@@ -371,14 +371,14 @@ def test_deferred_work_stays_deferred_until_it_is_submitted(make_runtime, slow_c
     slow_add_one, _, _ = make_kernels()
     slow_compiler["delay"] = 0.05
     seen = []
-    submit = HsaDevice._submit_kernel
+    submit = HsaDevice._encode_kernel
 
     def watching(self, *args, **kwargs):
         if threading.current_thread().name.startswith("aiogpu-compile"):
             seen.append(len(rt._deferred))
         return submit(self, *args, **kwargs)
 
-    monkeypatch.setattr(HsaDevice, "_submit_kernel", watching)
+    monkeypatch.setattr(HsaDevice, "_encode_kernel", watching)
     y = d0.alloc(64)
     k = d0.launch(slow_add_one, (16,), (16,), (y, 16))
     assert k.wait(10) and k.exception() is None

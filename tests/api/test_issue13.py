@@ -451,18 +451,18 @@ async def test_shader_copies_and_fills_are_right_with_a_small_grid_cap(make_runt
     from aiogpu.hsa.graph import HsaGraphExec
     monkeypatch.setattr(core_device, "SHADER_GRID_CAP", 1024)
     grids = []
-    real_submit, real_args = HsaDevice._submit_kernel, HsaGraphExec._dispatch_args
+    real_submit, real_args = HsaDevice._encode_kernel, HsaGraphExec._dispatch_args
 
-    def submit(self, loaded, label, grid, *args, **kw):
-        grids.append((label, grid))
-        return real_submit(self, loaded, label, grid, *args, **kw)
+    def submit(self, fut, lane, loaded, grid, *args, **kw):
+        grids.append((fut.label, grid))
+        return real_submit(self, fut, lane, loaded, grid, *args, **kw)
 
     def dispatch_args(self, device, node, args):
         got = real_args(self, device, node, args)
         grids.append((node.label, got[1]))
         return got
 
-    monkeypatch.setattr(HsaDevice, "_submit_kernel", submit)
+    monkeypatch.setattr(HsaDevice, "_encode_kernel", submit)
     monkeypatch.setattr(HsaGraphExec, "_dispatch_args", dispatch_args)
     rt = make_runtime(gpus=1, copy_engines=False)
     d0 = rt.devices[0]

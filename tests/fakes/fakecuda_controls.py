@@ -187,3 +187,56 @@ class ForeignArray:
 
     def values(self) -> list:
         return list((ctypes.c_float * self.n).from_address(self.ptr))
+
+
+# -- the same controls on the C path: the fake libcuda.so.1 (tests/fakes/libcuda/), where it is
+# loaded, forwards its entry points to the driver calls above, so that holds, the log, honoured
+# waits and failing queries hold for aiogpu's C hot path (and for ctypes callers) too.
+C_ORDER = ("launch", "memcpy", "write64", "wait64", "wait_event", "record", "query", "host_func")
+_c_lib = cu._c_library() if hasattr(cu, "_c_library") else None
+_vp, _u, _u64 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint64
+_C_PROTOS = {
+    "launch": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _u, _u, _u, _u, _u, _u, _u, _vp, _vp, _vp),
+               lambda f, gx, gy, gz, bx, by, bz, shm, s, p, e:
+               cu.cuLaunchKernel(f or 0, gx, gy, gz, bx, by, bz, shm, s or 0, p or 0, e or 0)),
+    "memcpy": (ctypes.CFUNCTYPE(ctypes.c_int, _u64, _u64, ctypes.c_size_t, _vp),
+               lambda d, src, n, s: cu.cuMemcpyAsync(d, src, n, s or 0)),
+    "write64": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _u64, _u64, _u),
+                lambda s, w, v, f: cu.cuStreamWriteValue64(s or 0, w, v, f)),
+    "wait64": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _u64, _u64, _u),
+               lambda s, w, v, f: cu.cuStreamWaitValue64(s or 0, w, v, f)),
+    "wait_event": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _vp, _u),
+                   lambda s, e, f: cu.cuStreamWaitEvent(s or 0, e or 0, f)),
+    "record": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _vp), lambda e, s: cu.cuEventRecord(e or 0, s or 0)),
+    "query": (ctypes.CFUNCTYPE(ctypes.c_int, _vp), lambda e: cu.cuEventQuery(e or 0)),
+}
+_c_forwarders = []        # (the ctypes callbacks must outlive every call into the library)
+
+
+def _forwarding(call):
+    def forward(*args):
+        try:
+            return int(call(*args)[0])
+        except BaseException:         # noqa: BLE001 - nothing may unwind through C
+            import traceback
+            traceback.print_exc()
+            return 999                # CUDA_ERROR_UNKNOWN
+    return forward
+
+
+if _c_lib is not None:
+    _c_lib.fakecuda_forward.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    _c_lib.fakecuda_calls.argtypes = [ctypes.c_int]
+    _c_lib.fakecuda_calls.restype = ctypes.c_ulonglong
+    for _name, (_proto, _call) in _C_PROTOS.items():
+        _cb = _proto(_forwarding(_call))
+        _c_forwarders.append(_cb)
+        _c_lib.fakecuda_forward(C_ORDER.index(_name), ctypes.cast(_cb, ctypes.c_void_p))
+
+
+def c_calls() -> dict[str, int]:
+    """How many times each entry point of the fake libcuda.so.1 was called (all 0 where it is
+    not loaded): what went through the C path."""
+    if _c_lib is None:
+        return dict.fromkeys(C_ORDER, 0)
+    return {name: int(_c_lib.fakecuda_calls(i)) for i, name in enumerate(C_ORDER)}

@@ -13,6 +13,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
     CUDA_ERROR_ILLEGAL_ADDRESS = 700
     CUDA_ERROR_LAUNCH_FAILED = 719
+    CUDA_ERROR_NOT_FOUND = 500
 
 
 class CUevent_flags(enum.IntEnum):
@@ -182,3 +183,26 @@ def cuGraphExecKernelNodeSetParams(e, n, p): return (CUresult.CUDA_SUCCESS,)
 def cuGraphLaunch(e, s): return (CUresult.CUDA_SUCCESS,)
 def cuGraphExecDestroy(e): return (CUresult.CUDA_SUCCESS,)
 def cuGraphDestroy(g): return (CUresult.CUDA_SUCCESS,)
+
+
+# The C entry points: the fake libcuda.so.1 (tests/fakes/libcuda/, built there by build_libcuda.py)
+# where the loader finds it (LD_LIBRARY_PATH). Its handles are this module's ints, and its
+# calls do what this module's do.
+def _c_library():
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    return lib if hasattr(lib, "fakecuda_calls") else None   # only the fake fits this fake
+
+
+def cuGetProcAddress(symbol, cudaVersion, flags):
+    """(CUresult, the symbol's address in the fake libcuda.so.1, its status): NOT_FOUND where
+    that library is not loadable or lacks the symbol, as the real call answers for a symbol the
+    driver lacks."""
+    lib = _c_library()
+    name = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
+    fn = getattr(lib, name, None) if lib is not None else None
+    if fn is None:
+        return (CUresult.CUDA_ERROR_NOT_FOUND, 0, 1)
+    return (CUresult.CUDA_SUCCESS, ctypes.cast(fn, ctypes.c_void_p).value, 0)

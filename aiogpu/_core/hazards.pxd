@@ -1,0 +1,49 @@
+# Types for the compiled build of hazards.py (Cython 3, pure-Python mode): the range state as
+# extension types with typed fields, the per-operation functions as C calls to one another.
+# Integer positions stay Python ints (no C integer fields): a C integer converts True and 1.5
+# silently, and bytes are compared and bisected as Python ints anyway.
+cimport cython
+
+
+cdef class HostRange:
+    cdef public Hazards hazards
+    cdef public object start, end, buffer
+
+    cpdef list writers(self)
+    cpdef list readers(self)
+    cpdef bint written_by(self, fut)
+
+
+cdef class _Segment:
+    cdef public object start, end, last_write
+    cdef public list reads
+    cdef public object seq
+
+
+cdef class Hazards:
+    # (lists, left untyped: a typed list field takes no subclass, and the tests count a
+    # lookup's reads through one)
+    cdef public object _starts, _segs
+    cdef public object _seq
+    cdef public bint keep_failed
+
+    cpdef HostRange host(self, address, nbytes)
+    cpdef prune_host(self, HostRange state)
+    cpdef tuple _span(self, start, end)
+    cpdef prune(self, start, end)
+    cpdef _split(self, at)
+    cpdef list _collect(self, start, end, bint writers)
+    cpdef _newest_writer(self, start, end)
+    cpdef bint _written_by(self, start, end, fut)
+    cpdef _record(self, start, end, fut, bint write)
+
+
+cpdef state_of(obj)
+cpdef prune(state)
+@cython.locals(reads=list)
+cdef _prune_fields(state)
+cpdef tuple touching(obj)
+@cython.locals(deps=dict)
+cpdef dict dependencies(reads, writes, after)
+cdef _order_after(dict deps, fut)
+cpdef record(fut, reads, writes, deps=*)
