@@ -160,3 +160,119 @@ def test_no_import_cycle():
     graph = import_graph()
     found = [" -> ".join(_a_cycle(graph, comp)) for comp in _cycles(graph)]
     assert not found, "module-level import cycles in aiogpu/:\n" + "\n".join(found)
+
+
+# -- calls go API -> core -> backend ---------------------------------------------------------------
+BACKENDS = ("aiogpu/hsa", "aiogpu/cuda")
+
+# The core's bookkeeping (aiogpu/_core/hub.py, futures.py, submit.py, hazards.py): what a backend
+# must leave to the core. Names unique to the core count on any receiver; the others
+# (``fail``, ``join``, ...) only on a receiver that names the hub or a core module.
+BOOKKEEPING = {"new_future", "depend", "track", "_add_dependent", "_add_dep_signal", "_on_retired",
+               "failed_without_running", "completed_future", "GPUFuture", "retire_failed",
+               "_force_retire", "_unwatch", "_propagate", "_completed", "guarded", "encoded",
+               "pick_lane", "failed_dependency", "_refused", "_withdraw"}
+BOOKKEEPING_ON_CORE = {"watch", "fail", "discard", "_finish", "_retire", "join", "record", "failed",
+                       "dependencies", "prune", "arm", "_submitted"}
+_CORE_RECEIVERS = ("hub", "submit", "hazards", "deferred")
+
+# (file, enclosing function, call) -> why it stays. Each entry is a known debt of issue 25:
+# the backend still does the core's work there; a new call fails the test.
+ALLOWED_BOOKKEEPING = {
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "new_future"):
+        "the HSA graph executor makes a future per signaled node and one per replay",
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "watch"): "(the same futures)",
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "depend"): "(the replay fails with its parts)",
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "new_future"):
+        "the HSA graph executor makes a future per lane segment of a replay",
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "watch"): "(the same future)",
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "depend"): "(the segment's dependencies)",
+    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_sdma", "depend"): "(a copy node's dependencies)",
+    ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "new_future"):
+        "a packet group too big for the AQL ring is published in parts, a future each",
+    ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "watch"): "(the same future)",
+    ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "_add_dependent"):
+        "(a failed part fails the whole group)",
+    ("aiogpu/hsa/queues.py", "AqlQueue._wait_for_room", "arm"):
+        "a full ring waits on the host for its oldest work, so the waiter must wake for it",
+    ("aiogpu/hsa/queues.py", "AqlQueue._publish", "fail"):
+        "a queue found dead at publication fails the group: its packets never run",
+    ("aiogpu/hsa/queues.py", "AqlQueue._publish", "retire_failed"): "(the same)",
+    ("aiogpu/hsa/queues.py", "AqlQueue.abort", "fail"):
+        "an aborted queue fails the work it held (the error names the packet)",
+    ("aiogpu/hsa/queues.py", "AqlQueue.abort", "retire_failed"): "(the same)",
+    ("aiogpu/hsa/runtime.py", "HsaRuntime._lose", "fail"):
+        "a lost device fails its work with the fault's address (the emulator's memory-fault report)",
+    ("aiogpu/hsa/runtime.py", "HsaRuntime._lose", "retire_failed"): "(the same)",
+    ("aiogpu/hsa/device.py", "HsaDevice._track_on", "track"):
+        "a graph replay's bookkeeping for the futures its executor builds (hsa/graph.py)",
+    ("aiogpu/hsa/signals.py", "CompletionHub.depend", "_add_dep_signal"):
+        "the HSA hub's depend (for the graph executor and the AQL queue's parts)",
+    ("aiogpu/hsa/signals.py", "CompletionHub.depend", "_add_dependent"): "(the same)",
+    ("aiogpu/cuda/graphs.py", "CudaGraphExec._destroy_when_idle", "_on_retired"):
+        "a closed CUDA graph executor is destroyed once its last replay has retired",
+    ("aiogpu/cuda/runtime.py", "CudaRuntime.submit", "encoded"):
+        "foreign work (graph replays, other libraries' streams) enters the core's submission "
+        "through the backend",
+    ("aiogpu/cuda/interop.py", "_writer_lane", "join"):
+        "exporting a buffer to another library joins its writers on one lane (cold path)",
+}
+
+
+def _receiver_is_core(func: ast.expr) -> bool:
+    return isinstance(func, ast.Attribute) and any(r in ast.unparse(func.value) for r in _CORE_RECEIVERS)
+
+
+def _on_self(func: ast.expr) -> bool:
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+
+
+def _calls(path: Path):
+    """(enclosing function's qualified name, called name, call node) for each call in ``path``,
+    except a hub subclass's calls on itself (the hub's own rules, run by its waiter)."""
+    tree = ast.parse(path.read_text(), str(path))
+
+    def walk(node: ast.AST, scope: list[str], hub: bool = False):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                yield from walk(child, scope + [child.name],
+                                any("Hub" in ast.unparse(b) for b in child.bases))
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield from walk(child, scope + [child.name], hub)
+                continue
+            if isinstance(child, ast.Call) and not (hub and _on_self(child.func)):
+                f = child.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+                if name is not None:
+                    yield ".".join(scope) or "<module>", name, child
+            yield from walk(child, scope, hub)
+
+    yield from walk(tree, [])
+
+
+def backend_bookkeeping() -> dict[tuple[str, str, str], int]:
+    """(file, function, call) -> the line of its first such call, for every bookkeeping call
+    made under the backends."""
+    found: dict[tuple[str, str, str], int] = {}
+    for top in BACKENDS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for where, name, call in _calls(path):
+                if name in BOOKKEEPING or (name in BOOKKEEPING_ON_CORE and _receiver_is_core(call.func)):
+                    found.setdefault((str(path.relative_to(ROOT)), where, name), call.lineno)
+    return found
+
+
+def test_backends_leave_bookkeeping_to_the_core():
+    found = backend_bookkeeping()
+    new = [f"{f}:{line} {where}: {name}()" for (f, where, name), line in sorted(found.items())
+           if (f, where, name) not in ALLOWED_BOOKKEEPING]
+    assert not new, ("a backend calls the core's bookkeeping (leave it to aiogpu/_core/submit.py; "
+                     "see aiogpu/backend.py):\n" + "\n".join(new))
+
+
+def test_the_bookkeeping_allowlist_is_current():
+    """An allowlisted call that is gone leaves the list (so the list stays the debt that is left)."""
+    found = backend_bookkeeping()
+    stale = sorted(k for k in ALLOWED_BOOKKEEPING if k not in found)
+    assert not stale, f"allowlisted but no longer made: {stale}"
