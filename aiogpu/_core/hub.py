@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .._interrupts import InterruptSafeLock
 from .. import trace as _trace
@@ -208,6 +208,13 @@ class Hub:
         if fut.waited:
             self._dirty = True
         self._pending.pop(fut.signal, None)
+
+    def settle_completed(self, futs: Iterable[GPUFuture]) -> None:
+        """Settle those of the pending ``futs`` whose completion objects read complete, as the
+        waiter's scan does (any thread; never waits for ``lock``). A backend that is about to
+        fail what is left of a queue or a device calls it first: work the device finished before
+        the error succeeded, and stays so."""
+        self._settle([(f.signal, f) for f in futs if f.signal and self.is_complete(f.signal)])  # type: ignore[attr-defined]
 
     def pending_futures(self) -> list[GPUFuture]:
         with self.lock:

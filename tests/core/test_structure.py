@@ -276,3 +276,74 @@ def test_the_bookkeeping_allowlist_is_current():
     found = backend_bookkeeping()
     stale = sorted(k for k in ALLOWED_BOOKKEEPING if k not in found)
     assert not stale, f"allowlisted but no longer made: {stale}"
+
+
+# -- the hub's private fields ------------------------------------------------------------------------
+# (file, function, attribute) -> why it stays: a private name of the hub used outside aiogpu/_core/
+# by something other than a hub subclass on itself.
+ALLOWED_HUB_PRIVATE: dict[tuple[str, str, str], str] = {}
+
+
+def hub_private_names() -> set[str]:
+    """The hub's private attributes: its ``_`` methods and the ``self._x`` fields it sets
+    (aiogpu/_core/hub.py, classes Hub and FutureHub)."""
+    tree = ast.parse((PKG / "_core" / "hub.py").read_text())
+    names: set[str] = set()
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef) and cls.name in ("Hub", "FutureHub"):
+            for node in ast.walk(cls):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("_"):
+                    names.add(node.name)
+                elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                      and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    names.add(node.attr)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _names_a_hub(expr: ast.expr) -> bool:
+    """``hub``, ``self.hub``, ``rt.hub``, ``self._hub``, ...: an expression that is a hub."""
+    last = expr.attr if isinstance(expr, ast.Attribute) else expr.id if isinstance(expr, ast.Name) else ""
+    return "hub" in last.lower()
+
+
+def hub_private_uses() -> dict[tuple[str, str, str], int]:
+    """(file, function, attribute) -> first line, for each use of a hub's private attribute
+    outside aiogpu/_core/ (a hub subclass's uses of ``self`` excepted)."""
+    private = hub_private_names()
+    found: dict[tuple[str, str, str], int] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        if path.is_relative_to(PKG / "_core"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+
+        def walk(node: ast.AST, scope: list[str]) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    walk(child, scope + [child.name])
+                    continue
+                # (a hub subclass's ``self._x`` names no hub: not counted)
+                if isinstance(child, ast.Attribute) and child.attr in private and _names_a_hub(child.value):
+                    found.setdefault((str(path.relative_to(ROOT)), ".".join(scope) or "<module>", child.attr),
+                                     child.lineno)
+                walk(child, scope)
+
+        walk(tree, [])
+    return found
+
+
+def test_hub_private_names_are_read_from_the_hub():
+    names = hub_private_names()
+    assert {"_pending", "_backlog", "_settle", "_retire"} <= names
+
+
+def test_nothing_outside_the_core_touches_the_hubs_private_fields():
+    new = [f"{f}:{line} {where}: .{name}" for (f, where, name), line in sorted(hub_private_uses().items())
+           if (f, where, name) not in ALLOWED_HUB_PRIVATE]
+    assert not new, ("the hub's private fields used outside aiogpu/_core/ (give the hub a read-only "
+                     "property or a method for it):\n" + "\n".join(new))
+
+
+def test_the_hub_private_allowlist_is_current():
+    found = hub_private_uses()
+    stale = sorted(k for k in ALLOWED_HUB_PRIVATE if k not in found)
+    assert not stale, f"allowlisted but no longer used: {stale}"
