@@ -347,3 +347,59 @@ def test_the_hub_private_allowlist_is_current():
     found = hub_private_uses()
     stale = sorted(k for k in ALLOWED_HUB_PRIVATE if k not in found)
     assert not stale, f"allowlisted but no longer used: {stale}"
+
+
+# -- the core's stubs ----------------------------------------------------------------------------------
+# Compiled, hub.py's Hub is an extension type joined to the hooks by FutureHub: its stub declares
+# the two as one class, FutureHub.
+STUB_CLASS = {"hub": {"Hub": "FutureHub"}, "futures": {}}
+
+
+def _defs(path: Path) -> tuple[dict[str, set[str]], set[str], set[str]]:
+    """A module's classes -> their methods; its top-level functions; its top-level assigned names."""
+    tree = ast.parse(path.read_text(), str(path))
+    classes: dict[str, set[str]] = {}
+    functions: set[str] = set()
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                if isinstance(t, ast.Name):
+                    names.add(t.id)
+    return classes, functions, names
+
+
+def stub_differences(module: str) -> list[str]:
+    """What ``aiogpu/_core/<module>.pyi`` lacks, or has beyond, of ``<module>.py``'s classes'
+    methods and its top-level functions. A class the stub declares as a plain name (``X: Any``)
+    has no methods to compare."""
+    src_classes, src_functions, _ = _defs(PKG / "_core" / f"{module}.py")
+    stub_classes, stub_functions, stub_names = _defs(PKG / "_core" / f"{module}.pyi")
+    in_stub: dict[str, set[str]] = {}
+    for cls, methods in src_classes.items():
+        in_stub.setdefault(STUB_CLASS[module].get(cls, cls), set()).update(methods)
+    out = []
+    for cls, methods in sorted(in_stub.items()):
+        if cls in stub_classes:
+            out += [f"{cls}.{m} is not in {module}.pyi" for m in sorted(methods - stub_classes[cls])]
+            out += [f"{cls}.{m} is in {module}.pyi, not in {module}.py"
+                    for m in sorted(stub_classes[cls] - methods)]
+        elif cls not in stub_names:
+            out.append(f"class {cls} is not in {module}.pyi")
+    out += [f"{f}() is not in {module}.pyi" for f in sorted(src_functions - stub_functions - stub_names)]
+    return out
+
+
+def test_stub_check_sees_a_missing_method():
+    classes, _, _ = _defs(PKG / "_core" / "hub.py")
+    assert "retry_backlog" in classes["Hub"]
+    assert "retry_backlog" in _defs(PKG / "_core" / "hub.pyi")[0]["FutureHub"]
+
+
+def test_the_core_stubs_declare_every_method():
+    diffs = stub_differences("futures") + stub_differences("hub")
+    assert not diffs, "the core's stubs and sources differ:\n" + "\n".join(diffs)
