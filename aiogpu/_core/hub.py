@@ -143,6 +143,16 @@ class Hub:
             self._request_wake()
         return fut
 
+    def depend(self, fut: GPUFuture, on: GPUFuture, *, semantic: bool = True) -> None:
+        """Record that the work of ``fut`` names ``on``'s completion key (``retain_key``: kept
+        from reuse until ``fut`` retires); when ``semantic``, ``fut`` also fails if ``on``
+        fails. Call under lock with ``on`` not yet retired. For work encoded outside
+        ``submit`` (an HSA graph replay's futures)."""
+        self.retain_key(on.signal)  # type: ignore[attr-defined]
+        fut._add_dep_signal(on.signal)
+        if semantic:
+            on._add_dependent(fut)
+
     def post_event(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the waiter thread soon; safe from any thread, including driver threads."""
         self._events.append(fn)

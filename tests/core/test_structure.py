@@ -206,9 +206,6 @@ ALLOWED_BOOKKEEPING = {
     ("aiogpu/hsa/runtime.py", "HsaRuntime._lose", "retire_failed"): "(the same)",
     ("aiogpu/hsa/device.py", "HsaDevice._track_on", "track"):
         "a graph replay's bookkeeping for the futures its executor builds (hsa/graph.py)",
-    ("aiogpu/hsa/signals.py", "CompletionHub.depend", "_add_dep_signal"):
-        "the HSA hub's depend (for the graph executor and the AQL queue's parts)",
-    ("aiogpu/hsa/signals.py", "CompletionHub.depend", "_add_dependent"): "(the same)",
     ("aiogpu/cuda/graphs.py", "CudaGraphExec._destroy_when_idle", "_on_retired"):
         "a closed CUDA graph executor is destroyed once its last replay has retired",
     ("aiogpu/cuda/runtime.py", "CudaRuntime.submit", "encoded"):
