@@ -10,7 +10,6 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from .._core import hazards
 from ..errors import DeviceLost, GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
