@@ -7,6 +7,8 @@
   named (``from . import x`` to ``x`` where ``x`` is a submodule, else to the package); the
   implicit import of a module's parent packages does not count (every submodule would
   otherwise "cycle" through ``aiogpu/__init__.py``, which imports the public API).
+- The core imports nothing above it (only the leaf modules of ``CORE_MAY_IMPORT``), and the two
+  backends do not import each other; these count every import, in functions too.
 - Calls go API -> core -> backend: no module under the backends (``aiogpu/hsa/``,
   ``aiogpu/cuda/``) calls the core's bookkeeping, except the allowlisted calls below, each with
   its reason; a new one fails the test.
@@ -160,6 +162,61 @@ def test_no_import_cycle():
     graph = import_graph()
     found = [" -> ".join(_a_cycle(graph, comp)) for comp in _cycles(graph)]
     assert not found, "module-level import cycles in aiogpu/:\n" + "\n".join(found)
+
+
+# -- layers: what the core and the backends import ---------------------------------------------------
+# What aiogpu/_core/ may import from the rest of the package, any import (in functions too: an
+# import there is still a call up when it runs): the leaf modules below it, with why.
+CORE_MAY_IMPORT = {
+    "aiogpu.errors": "the exceptions it raises",
+    "aiogpu.backend": "the hooks the hub calls (CompletionHooks)",
+    "aiogpu._interrupts": "the runtime's lock holds Ctrl-C back",
+    "aiogpu._loops": "awaiters are woken through each event loop's port",
+    "aiogpu.trace": "a completion is recorded when a trace is active",
+    "aiogpu.memory": "the Buffer type whose hazards and users it records",
+    "aiogpu.kernels": "the built-in fill and copy kernels submission launches",
+}
+
+
+def _all_imports(path: Path, mod: str, mods: dict[str, Path]) -> set[str]:
+    """The aiogpu modules ``path`` imports anywhere (functions and TYPE_CHECKING blocks too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(mod, path, node.level, node.module)
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in mods:
+                t = t.rpartition(".")[0]
+            if t:
+                out.add(t)
+    return out
+
+
+def test_the_core_imports_nothing_above_it():
+    mods = _modules()
+    bad = []
+    for mod, path in sorted(mods.items()):
+        if mod == "aiogpu._core" or mod.startswith("aiogpu._core."):
+            for t in sorted(_all_imports(path, mod, mods)):
+                if not (t.startswith("aiogpu._core") or t in CORE_MAY_IMPORT):
+                    bad.append(f"{mod} imports {t}")
+    assert not bad, "aiogpu/_core/ imports from above it:\n" + "\n".join(bad)
+
+
+def test_the_backends_do_not_import_each_other():
+    mods = _modules()
+    bad = []
+    for mine, other in (("aiogpu.hsa", "aiogpu.cuda"), ("aiogpu.cuda", "aiogpu.hsa")):
+        for mod, path in sorted(mods.items()):
+            if mod == mine or mod.startswith(mine + "."):
+                bad += [f"{mod} imports {t}" for t in sorted(_all_imports(path, mod, mods))
+                        if t == other or t.startswith(other + ".")]
+    assert not bad, "a backend imports the other:\n" + "\n".join(bad)
 
 
 # -- calls go API -> core -> backend ---------------------------------------------------------------
