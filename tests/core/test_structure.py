@@ -208,6 +208,16 @@ def test_the_core_imports_nothing_above_it():
     assert not bad, "aiogpu/_core/ imports from above it:\n" + "\n".join(bad)
 
 
+def test_what_the_core_imports_is_below_it():
+    """The modules of ``CORE_MAY_IMPORT`` import, when they are imported, nothing of aiogpu but
+    one another (and the kernels' signature parser): the core does not reach above itself
+    through them."""
+    graph = import_graph()
+    below = set(CORE_MAY_IMPORT) | {"aiogpu.signature"}
+    bad = [f"{m} imports {t}" for m in sorted(below) for t in sorted(graph[m] - below)]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_backends_do_not_import_each_other():
     mods = _modules()
     bad = []
