@@ -403,11 +403,13 @@ class Runtime(RuntimeHooks):
         dev = op.device
         if copy_kernel in dev._kernels:
             return None
+        # (The engines' prediction first: cheaper than asking whether the kernel needs a
+        # compile, and an engine takes nearly every copy.)
+        if self.copy_engines and self._engine_may_take(op) or not self._shader_can_copy(op):
+            return None
         compiling = dev._compiling.get(copy_kernel)
         if compiling is None and not dev._needs_compile(copy_kernel):
             return None              # loading it is fast (the emulator, a warm disk cache)
-        if self.copy_engines and self._engine_may_take(op) or not self._shader_can_copy(op):
-            return None
         if compiling is None:
             compiling = dev._start_compile(copy_kernel)
         return compiling if compiling is not None and (not compiling.done() or compiling._exc is not None) else None

@@ -13,6 +13,8 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # the optional C hot path, built in place (no pip install here); without it aiogpu uses cuda-bindings
 [[ ${BUILD_HOTC:-1} == 1 ]] && { python3 -m aiogpu.cuda.build_hotc 2>&1 | tail -3 | tee "$OUT/build_hotc.log"; }
+# the compiled core (Cython, where the image has it), built in place; AIOGPU_PURE_CORE=1 runs it interpreted
+[[ ${BUILD_CORE:-1} == 1 ]] && { python3 setup.py -q build_ext --inplace > "$OUT/build_core.log" 2>&1; tail -3 "$OUT/build_core.log"; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import sys, cuda.bindings, numpy; print(sys.version); print("cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)'
@@ -20,6 +22,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   python3 -c 'import trio, pytest_asyncio, uvloop; print("trio", trio.__version__, "pytest-asyncio", pytest_asyncio.__version__, "uvloop", uvloop.__version__)'
   python3 -c 'import aiogpu.cuda as c; print("probe", c.probe())'
   python3 -c 'import aiogpu.cuda.driver as D; print("hot path", D.HOT.name, "-", D.HOT_REASON)'
+  python3 -c 'import aiogpu._core as C; print(C.summary())'
 } 2>&1 | tee "$OUT/versions.txt"
 STEPS=${STEPS:-"tests bench"}
 if [[ $STEPS == *tests* ]]; then

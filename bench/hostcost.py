@@ -14,9 +14,10 @@ GIL that the loop does not see in its own CPU time). With ``--callgrind``: instr
 operation of the calling thread from valgrind's callgrind, which a loaded machine does not move:
 each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
-(I(3N) - I(N)) / 2N. That count repeats to within 1-2% (the remaining spread moves with the
-threads' interleaving: use ``--repeat``, the A/B takes each tree's lowest); the whole process's
-count moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
+(I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service) between runs
+of one tree (probably as which thread settles and frees what moves with when the waiter takes
+the GIL): use ``--repeat`` (the A/B compares each tree's lowest). The whole process's count
+moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
 wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
 
     python bench/hostcost.py --backend cuda                 # this tree, on the driver installed
@@ -181,9 +182,8 @@ def print_table(res: dict) -> None:
 # -- children on the fake driver --------------------------------------------------------------------
 def fake_bindings_dir() -> str:
     """The folder holding this tree's fake ``cuda`` package (the one with ``cuGetProcAddress``)."""
-    for pattern in ("tests/fakes/**/cuda/bindings/driver.py",):
-        for path in sorted(glob.glob(os.path.join(ROOT, pattern), recursive=True)):
-            return os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests/fakes/**/cuda/bindings/driver.py"), recursive=True)):
+        return os.path.dirname(os.path.dirname(os.path.dirname(path)))
     sys.exit("hostcost: this tree has no fake cuda.bindings")
 
 
@@ -261,7 +261,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7, help="timed runs per shape (the best counts)")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ", ".join(SHAPES))
     ap.add_argument("--fake", action="store_true", help="on the fake CUDA driver with its libcuda.so.1, in children")
-    ap.add_argument("--hot", choices=("c", "bindings", "ctypes"), help="force this CUDA hot path (AIOGPU_CUDA_HOT)")
+    ap.add_argument("--hot", choices=("c", "bindings"), help="force this CUDA hot path (AIOGPU_CUDA_HOT)")
     ap.add_argument("--ab", metavar="OLD_TREE", help="also OLD_TREE's aiogpu, alternating (implies --fake)")
     ap.add_argument("--rounds", type=int, default=3, help="with --ab: runs of each tree, alternating")
     ap.add_argument("--callgrind", action="store_true", help="instructions per operation (valgrind; implies --fake)")

@@ -18,7 +18,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
-from .._interrupts import InterruptSafeLock
+from .interrupts import InterruptSafeLock
 from .. import trace as _trace
 from ..backend import CompletionHooks
 from ..errors import DeviceLost, GPUError

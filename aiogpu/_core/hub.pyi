@@ -5,7 +5,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, ContextManager, Generator, Iterable, Iterator
 
-from .._interrupts import InterruptSafeLock
+from .interrupts import InterruptSafeLock
 from ..backend import CompletionHooks
 from .futures import GPUFuture
 

@@ -244,8 +244,9 @@ class _CHot(HotPath):
     launch or copy and its completion-word write are one C call.
 
     ``entry_points`` (tests) replaces libcuda's addresses; by default they come from libcuda,
-    and only where the cuda-bindings in use are the real ones (the fake of tests/fakes has no
-    ``cuGetProcAddress``, and its handles mean nothing to a real driver)."""
+    and only where the cuda-bindings in use have ``cuGetProcAddress``: the real ones, or the
+    fake of tests/fakes, which has it only to go with its own libcuda.so.1 (tests/fakes/libcuda;
+    its handles mean nothing to a real driver)."""
 
     name = "c"
     write_path = "c"

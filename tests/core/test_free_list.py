@@ -55,8 +55,17 @@ def test_steady_state_alloc_reuses_without_lock(rt, monkeypatch):
     addr = first.address
     first.free()
     entered = []
-    real = type(rt.lock).__enter__
-    monkeypatch.setattr(type(rt.lock), "__enter__", lambda self: entered.append(1) or real(self))
+    real = rt.lock
+
+    class Counting:            # (the lock's type may be an extension type: its methods are fixed)
+        def __enter__(self):
+            entered.append(1)
+            return real.__enter__()
+
+        def __exit__(self, *exc):
+            return real.__exit__(*exc)
+
+    monkeypatch.setattr(rt, "lock", Counting())
     again = d0.alloc(1000)                # same class: the cached piece, no lock taken
     assert again.address == addr and entered == []
     again.free()
