@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right
 from typing import Any, Iterable
 
 from ..errors import DeviceLost, GPUError
-from ..futures import GPUFuture
+from .futures import GPUFuture, completed_future
 from ..memory import Buffer
 
 
@@ -345,8 +345,6 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     """A future for work not submitted because an input failed. It still becomes the last
     writer of what the work would have written: that memory now holds no defined result, so its
     readers fail too (until something overwrites it)."""
-    from ..futures import completed_future
-
     fut = completed_future(hub, label, err)
     # Host memory (a range with no buffer): nothing ran, nothing there is undefined.
     states = [state_of(s) for s in writes]

@@ -16,7 +16,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .interrupts import InterruptSafeLock
 from .. import trace as _trace
@@ -143,6 +143,16 @@ class Hub:
             self._request_wake()
         return fut
 
+    def depend(self, fut: GPUFuture, on: GPUFuture, *, semantic: bool = True) -> None:
+        """Record that the work of ``fut`` names ``on``'s completion key (``retain_key``: kept
+        from reuse until ``fut`` retires); when ``semantic``, ``fut`` also fails if ``on``
+        fails. Call under lock with ``on`` not yet retired. For work encoded outside
+        ``submit`` (an HSA graph replay's futures)."""
+        self.retain_key(on.signal)  # type: ignore[attr-defined]
+        fut._add_dep_signal(on.signal)
+        if semantic:
+            on._add_dependent(fut)
+
     def post_event(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the waiter thread soon; safe from any thread, including driver threads."""
         self._events.append(fn)
@@ -208,6 +218,13 @@ class Hub:
         if fut.waited:
             self._dirty = True
         self._pending.pop(fut.signal, None)
+
+    def settle_completed(self, futs: Iterable[GPUFuture]) -> None:
+        """Settle those of the pending ``futs`` whose completion objects read complete, as the
+        waiter's scan does (any thread; never waits for ``lock``). A backend that is about to
+        fail what is left of a queue or a device calls it first: work the device finished before
+        the error succeeded, and stays so."""
+        self._settle([(f.signal, f) for f in futs if f.signal and self.is_complete(f.signal)])  # type: ignore[attr-defined]
 
     def pending_futures(self) -> list[GPUFuture]:
         with self.lock:

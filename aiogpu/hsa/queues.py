@@ -382,8 +382,7 @@ class AqlQueue:
         self.destroy()              # no packet of it can run any more
         self.generation += 1
         self.errors.append(str(err))
-        done = [(f.signal, f) for f, _ in victims if f.signal and self.hub.is_complete(f.signal)]
-        self.hub._settle(done)      # completed before the error: they are not failed
+        self.hub.settle_completed([f for f, _ in victims])   # completed before the error: not failed
         pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
         blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__

@@ -10,7 +10,6 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from .._core import hazards
 from ..errors import DeviceLost, GPUError
 from ..futures import GPUFuture
 from ..hsa_bindings import loader
@@ -319,7 +318,7 @@ class HsaRuntime(Runtime):
         dev.broken = lost
         dev.engines.lose()
         mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
-        self.hub._settle([(f.signal, f) for f in mine if self.hub.is_complete(f.signal)])
+        self.hub.settle_completed(mine)
         host_address = self.host.to_host(address) if address is not None else None   # a locked array's agent address
         for fut in mine:
             if not fut.done() and address is not None and any(

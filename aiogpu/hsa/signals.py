@@ -156,15 +156,6 @@ class CompletionHub(FutureHub):
     def retain_key(self, key: int) -> None:
         self.pool.retain(key)
 
-    def depend(self, fut: GPUFuture, on: GPUFuture, *, semantic: bool = True) -> None:
-        """Record that packets of ``fut`` name ``on``'s signal (kept from reuse until ``fut``
-        retires); when ``semantic``, ``fut`` also fails if ``on`` fails. Call under lock with
-        ``on`` not yet retired."""
-        self.pool.retain(on.signal)
-        fut._add_dep_signal(on.signal)
-        if semantic:
-            on._add_dependent(fut)
-
     def wake(self) -> None:
         self.api.hsa_signal_store_screlease(T.hsa_signal_t(self._wake), 1)
 
