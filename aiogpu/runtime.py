@@ -391,6 +391,7 @@ class Runtime:
         (reads, writes) to record instead if it is deferred: what orders an operation submitted
         now may be less (a host source staged now is no reader; fresh memory has no history)."""
         # A broken device first: work offered to a lost device is lost, failed inputs or not.
+        err: GPUError | None
         if device.broken is not None:
             deps, err = {}, ordering.broken_error(label, device.broken)
         elif reads or writes or after:
