@@ -1,33 +1,10 @@
-"""The core's ``Device``: what every backend's GPU shares.
+"""The ``Device``: what every backend's GPU shares.
 
 The base owns the rules once: argument validation (grid, block, signature, scalars, buffers of
-this device), allocation through the 2 MiB sub-allocator, the kernel cache, the launch front
-(capture, the runtime lock, hazards and ``after=`` through ``Runtime._submit_guarded``) and the
-choice of compute lane. A backend subclasses it and implements the hooks below; nothing here
-knows HSA or CUDA.
-
-Hooks (each backend implements them; called under the runtime lock unless said otherwise):
-
-- ``_raw_alloc(size) -> address`` / ``_raw_free(address)``: device memory from the driver;
-  ``_raw_alloc`` raises ``OutOfMemoryError`` when there is none.
-- ``_memory_size() -> int | None``: the device's memory in bytes (None: the backend cannot tell);
-  asked once. ``_memory_free() -> int | None``: what is free now (None: cannot tell).
-- ``_load(kernel) -> loaded``: the kernel's code loaded on this device (cached by ``loaded``);
-  fast once ``_compile`` has run.
-- ``_needs_compile(kernel) -> bool``: whether loading ``kernel`` must first compile it (slow);
-  cheap, compiles nothing (default: False).
-- ``_compile(kernel)``: the slow part of loading (NVRTC, comgr), leaving its result where
-  ``_load`` finds it (the compilers' caches); called on a compile worker thread WITHOUT the
-  lock, so it must be thread-safe and touch no runtime state (default: nothing).
-- ``_submit_kernel(loaded, label, grid, block, values, lengths, deps, reads, writes, keep=(),
-  cleanup=(), copy=None, waits=()) -> GPUFuture``: one dispatch on a compute lane after ``deps``
-  (on the device) and after the work queued so far on the foreign streams ``waits``.
-- ``_submit_fill(buf, word, deps) -> GPUFuture``: fill ``buf`` with a 32-bit word (default: the
-  built-in fill kernel through ``_submit_kernel``).
-- ``_check_grid(grid, block)``: backend limits beyond the core's (default: none).
-- ``_lane_load(lane) -> int``: how much unretired work a compute lane holds, for ``_pick_lane``
-  (default: 0, round-robin).
-- ``_destroy()``: release the device's driver objects (runtime close).
+this device), allocation through the 2 MiB sub-allocator, the kernel cache, and the launch front
+(capture, the runtime lock, then the core's submission: ``aiogpu._core.submit``). A backend
+subclasses it and implements the hooks of ``aiogpu.backend.DeviceHooks`` (memory, loading,
+encoding a dispatch or a fill on a lane); nothing here knows HSA or CUDA.
 """
 from __future__ import annotations
 
@@ -41,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import numpy as np
 
 from . import deferred, ordering
+from ._core import submit as _submit
+from .backend import DeviceHooks
 from .errors import OutOfMemoryError
 from .futures import GPUFuture
 from .kernels import Kernel, fill_kernel
@@ -200,7 +179,7 @@ def _foreign_parts(kernel: Kernel, buffers: dict, capturing: bool) -> tuple[list
     return keep, waits
 
 
-class Device:
+class Device(DeviceHooks):
     """One GPU: ``alloc`` buffers, ``launch`` kernels. Copies go through ``aiogpu.copy``.
 
     ``name`` is ``gpu<index>``, ``isa`` its architecture (``gfx90a``, ``sm_90``, ...). Work runs
@@ -227,44 +206,6 @@ class Device:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.isa} ({self.runtime.backend})>"
 
-    # -- hooks ---------------------------------------------------------------------------------
-    def _raw_alloc(self, size: int) -> int:
-        raise NotImplementedError
-
-    def _raw_free(self, address: int) -> None:
-        raise NotImplementedError
-
-    def _memory_size(self) -> int | None:
-        return None
-
-    def _memory_free(self) -> int | None:
-        return None
-
-    def _load(self, kernel: Kernel) -> Any:
-        raise NotImplementedError
-
-    def _needs_compile(self, kernel: Kernel) -> bool:
-        return False
-
-    def _compile(self, kernel: Kernel) -> None:
-        """The slow, thread-safe part of loading ``kernel`` (worker thread, no lock)."""
-
-    def _submit_kernel(self, loaded: Any, label: str, grid: tuple, block: tuple, values: list,
-                       lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
-                       waits: Sequence = ()) -> GPUFuture:
-        """One dispatch after ``deps`` (``copy``: the CopyOp when it is a shader copy; ``waits``:
-        other libraries' streams whose queued work it must follow, from ``_foreign_argument``)."""
-        raise NotImplementedError
-
-    def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> GPUFuture:
-        count = buf.nbytes // 4
-        return self._submit_kernel(self._loaded_kernel(fill_kernel), f"fill {buf.nbytes} B", self._fill_grid(count), (256,),
-                                   [buf.address, word, count], [buf.nbytes], deps, [buf], [buf])
-
-    def _check_grid(self, grid: tuple, block: tuple) -> None:
-        """Backend limits on a validated grid and block (ValueError); none by default."""
-
     def _copy_grid(self, nbytes: int) -> tuple[int, ...]:
         """The grid of a shader copy of ``nbytes`` (the built-in copy kernel strides over the
         rest): one work-item a byte, at most ``SHADER_GRID_CAP``."""
@@ -274,9 +215,6 @@ class Device:
         """The grid of a fill of ``count`` 32-bit words (the built-in fill kernel strides over
         the rest): one work-item a word, at most ``SHADER_GRID_CAP``."""
         return (min(max(count, 1), SHADER_GRID_CAP),)
-
-    def _destroy(self) -> None:
-        """Release this device's driver objects (the runtime is closing)."""
 
     def trim(self) -> int:
         """Give the device memory cached for reuse back to the driver; returns the bytes."""
@@ -436,7 +374,7 @@ class Device:
             rt._check_open()
             loaded = self._kernels.get(kernel)
             if loaded is None and self.broken is not None:   # fails it at once, loading nothing
-                return rt._submit_guarded(self, kernel.name, reads, writes, after, self._unreachable)
+                return _submit.guarded(rt, self, kernel.name, reads, writes, after, _unreachable)
             if loaded is None:
                 compiling = self._compiling.get(kernel) or self._start_compile(kernel)
                 if compiling is not None and compiling._exc is not None:
@@ -444,21 +382,18 @@ class Device:
                 if compiling is not None and not compiling.done():
                     # (``keep`` and ``waits`` travel with it: the foreign arrays stay alive while
                     # it waits, and it is ordered after their streams when submitted.)
-                    return rt._submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
-                        self._loaded_kernel(kernel), kernel.name, grid, block, values, lengths, deps, reads, writes,
-                        keep=keep, waits=waits), compile=compiling)
+                    return _submit.guarded(rt, self, kernel.name, reads, writes, after, lambda deps: _submit.launch(
+                        rt, self, self._loaded_kernel(kernel), kernel.name, grid, block, values, lengths, deps,
+                        reads, writes, keep, (), None, waits), compile=compiling)
                 loaded = self._loaded_kernel(kernel)
             if not (reads or writes or after) and self.broken is None:
-                # Nothing to order after on a working device: _submit_guarded's fast path, without
+                # Nothing to order after on a working device: ``guarded``'s fast path, without
                 # building the closure it takes.
-                return self._submit_kernel(loaded, kernel.name, grid, block, values, lengths, {}, reads, writes,
-                                           keep=keep, waits=waits)
-            return rt._submit_guarded(self, kernel.name, reads, writes, after, lambda deps: self._submit_kernel(
-                loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep=keep, waits=waits))
-
-    @staticmethod
-    def _unreachable(deps: dict) -> GPUFuture:
-        raise AssertionError("_submit_guarded submits nothing on a broken device")
+                return _submit.launch(rt, self, loaded, kernel.name, grid, block, values, lengths, {}, reads,
+                                      writes, keep, (), None, waits)
+            return _submit.guarded(rt, self, kernel.name, reads, writes, after, lambda deps: _submit.launch(
+                rt, self, loaded, kernel.name, grid, block, values, lengths, deps, reads, writes, keep, (), None,
+                waits))
 
     def _launch_shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service
@@ -479,30 +414,9 @@ class Device:
 
     # -- lanes ---------------------------------------------------------------------------------
     def _pick_lane(self, deps: dict[GPUFuture, Any]) -> Any:
-        """The compute lane of the newest live dependency on this device (lane order then
-        suffices for it), else the least loaded compute lane (an idle one if there is one; ties
-        in round-robin order), so independent work spreads and never queues behind a long
-        kernel while another lane is free. ``deps``: an operation's dependencies, oldest first
-        (a dict: it reverses in place)."""
-        if deps:
-            for fut in reversed(deps):
-                lane = fut.lane
-                if lane is not None and not fut.retired and getattr(lane, "device", None) is self \
-                        and getattr(lane, "kind", "") == "compute":
-                    return lane
-        lanes = self.compute
-        start = next(self._rr)
-        best, least = None, None
-        for i in range(len(lanes)):
-            lane = lanes[(start + i) % len(lanes)]
-            load = self._lane_load(lane)
-            if load == 0:
-                return lane
-            if least is None or load < least:
-                best, least = lane, load
-        return best
+        """The compute lane the core would choose for work after ``deps`` (``submit.pick_lane``)."""
+        return _submit.pick_lane(self, deps)
 
-    def _lane_load(self, lane: Any) -> int:
-        """How much unretired work ``lane`` holds (0: idle). Default: always 0, so lanes are
-        taken in round-robin order."""
-        return 0
+
+def _unreachable(deps: dict) -> GPUFuture:
+    raise AssertionError("the submission submits nothing on a broken device")

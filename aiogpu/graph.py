@@ -23,6 +23,7 @@ import numpy as np
 
 from . import capture as _capture
 from ._core import hazards
+from ._core import submit as _submit
 from .device import MAX_GRID, MAX_WORKGROUP, Device, check_args, check_dims
 from .capture import GraphNode
 from .futures import GPUFuture
@@ -170,7 +171,7 @@ class GraphExec:
                 raise ValueError("this graph executable is closed")
             reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
-            fut = rt._submit_guarded(self.home_device(), label, reads, writes, [], lambda deps: self._replay(
+            fut = _submit.guarded(rt, self.home_device(), label, reads, writes, [], lambda deps: self._replay(
                 patches, deps, reads, writes, keep, label))
             self.replays += 1
             if not fut.retired:   # (a replay failed at once for a failed input ran nothing)

@@ -1,4 +1,4 @@
-"""The core's ``Runtime``: backend choice, options, and every rule the backends share.
+"""The ``Runtime``: backend choice, options, and the fronts of every operation.
 
 ``aiogpu.Runtime(backend=None, **options)`` picks a backend (the argument, else
 ``AIOGPU_BACKEND``, else a real AMD GPU if ROCr answers with one, else an NVIDIA GPU, else the
@@ -7,28 +7,11 @@ emulator) and returns an instance of that backend's registered subclass: ``HsaRu
 chosen; importing aiogpu loads no driver and starts no process.
 
 The base owns: option validation (unknown options raise TypeError on every backend), the one
-lock, buffer hazards and ``after=`` dependencies (``_submit_guarded``: failed inputs fail the work
-before it is submitted), bookkeeping after submission (``track``), the fronts of ``copy`` (its
-validation, the direction rule: host-to-device on the destination's engine, device-to-host and
-peer copies on the SOURCE device's, and the shader-copy fallback decision), ``fill`` and
-``gather``, stats and the leak check, and ``close``.
-
-Hooks a backend implements (called under the lock unless said otherwise):
-
-- ``probe() -> (ok, why)`` (class method, never raises): can this backend run here?
-- ``_host_pointers(op)``: device-visible pointers for the host sides of a copy (lock or pin).
-- ``_submit_copy(op, deps) -> GPUFuture | None``: the copy on a copy engine; None when no engine
-  can take it (the core then runs the built-in copy kernel through ``Device._submit_kernel``).
-- ``_submit_join(device, live, deps) -> GPUFuture``: one future after every live future.
-- ``_instantiate(graph) -> GraphExec``: a captured graph's executable.
-- ``_foreign_check(obj)``, ``_foreign_future(obj, device) -> GPUFuture``, ``_wait_on(fut, obj,
-  device)``: other libraries' CUDA streams and events (``stream_future``, ``after=``,
-  ``GPUFuture.wait_on``); the defaults raise NotOnCudaError (no CUDA streams here).
-- ``_backend_stats() -> dict``: the backend's leak counters and figures.
-- ``describe() -> str``: what ``python -m aiogpu info`` prints.
-- ``_release()``: free every driver resource, the hub's completion objects (``hub.close()``)
-  once nothing on the device can use them any more (the waiter has stopped; work abandoned by
-  ``close`` may still run: called then on a background thread).
+lock, the fronts of ``copy`` (its validation, the direction rule: host-to-device on the
+destination's engine, device-to-host and peer copies on the SOURCE device's, and the shader-copy
+fallback decision), ``fill`` and ``gather``, stats and the leak check, and ``close``. Submission
+itself (hazards, ``after=``, failed inputs, deferral, bookkeeping) is the core's
+(``aiogpu._core.submit``); a backend implements the hooks of ``aiogpu.backend.RuntimeHooks``.
 """
 from __future__ import annotations
 
@@ -48,7 +31,10 @@ import numpy as np
 
 from . import _loops
 from . import capture as _capture
-from . import deferred, ordering
+from ._core import hazards
+from ._core import deferred
+from ._core import submit as _submit
+from .backend import RuntimeHooks
 from .device import Device
 from .errors import BackendUnavailable, BlockingCallError, GPUError, InvalidStateError, NotOnCudaError, RuntimeClosedError
 from .futures import FutureHub, GPUFuture, completed_future
@@ -216,7 +202,7 @@ class CopyOp:
         return [] if self.staged else [self.src.state]
 
 
-class Runtime:
+class Runtime(RuntimeHooks):
     """A GPU runtime over one backend. ``close()`` waits for submitted work, then frees all.
 
     ``Runtime(backend=None, **options)`` returns an instance of the chosen backend's subclass.
@@ -257,10 +243,6 @@ class Runtime:
             raise TypeError(f"the {backend} backend takes no option(s) {', '.join(map(repr, unknown))}; "
                             f"its options are {', '.join(sorted(cls.OPTIONS))}")
 
-    @classmethod
-    def probe(cls) -> tuple[bool, str]:
-        """(True, what was found) when this backend can run here, else (False, why not)."""
-        raise NotImplementedError
 
     @staticmethod
     def _check_shared_options(*, queues_per_device: Any, watchdog_s: Any, spin_s: Any,
@@ -288,7 +270,7 @@ class Runtime:
         self.hub = hub
         hub.owner = self
         self.lock = hub.lock
-        self.hazards = ordering.Hazards()
+        self.hazards = hazards.Hazards()
         self.devices: list[Device] = []
         self._graphs: weakref.WeakSet = weakref.WeakSet()
         self.pinned = PinnedPool(self._pin_host, self._unpin_host)
@@ -365,93 +347,6 @@ class Runtime:
                 return                       # finished on the device: nothing to wait for
             self._wait_on(got, stream, device)
 
-    def _foreign_check(self, obj: Any) -> None:
-        """Raise NotOnCudaError where this backend has no CUDA streams (default: always)."""
-        raise NotOnCudaError(f"the {self.backend} backend has no CUDA streams or events "
-                             f"({type(obj).__name__} given); stream futures and wait_on need the cuda backend")
-
-    def _foreign_future(self, obj: Any, device: Any) -> GPUFuture:
-        """Hook: a future for another library's stream or event (under the lock)."""
-        self._foreign_check(obj)
-        raise NotImplementedError
-
-    def _wait_on(self, fut: GPUFuture, obj: Any, device: Any) -> None:
-        """Hook: make another library's stream wait for ``fut`` on the device (under the lock)."""
-        raise NotImplementedError
-
-    # -- submission (under the lock) -------------------------------------------------------------
-    def _submit_guarded(self, device: Device, label: str, reads: list, writes: list, after: list,
-                       submit: Callable[[dict], GPUFuture], *, compile: Any = None,
-                       deferred_rw: tuple[list, list] | None = None) -> GPUFuture:
-        """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
-        a failed input or a broken device fails it without submitting anything, else
-        ``submit(deps)`` submits it: now, or, when ``compile`` (its kernel's compile) is still
-        running or a dependency is deferred work not submitted yet, once they are (the
-        operation is deferred: see ``deferred.py``). ``deferred_rw``, when given, is the
-        (reads, writes) to record instead if it is deferred: what orders an operation submitted
-        now may be less (a host source staged now is no reader; fresh memory has no history)."""
-        # A broken device first: work offered to a lost device is lost, failed inputs or not.
-        err: GPUError | None
-        if device.broken is not None:
-            deps, err = {}, ordering.broken_error(label, device.broken)
-        elif reads or writes or after:
-            deps = ordering.dependencies(reads, writes, after)
-            err = ordering.failed_dependency(deps) if deps else None
-        else:                                     # the fast path: nothing to order after
-            deps, err = {}, None
-        if err is not None:
-            return ordering.failed_without_running(self.hub, label, err, writes)
-        if deps or compile is not None:          # (deferred work in deps: its submitted work)
-            resolved, blockers = deferred.resolve(deps)
-            if blockers or compile is not None:
-                if deferred_rw is not None:
-                    reads, writes = deferred_rw
-                return deferred.defer(self, device, label, reads, writes, deps, submit, compile, blockers)
-            deps = resolved
-        return submit(deps)
-
-    def _track(self, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iterable[GPUFuture] = (),
-              keep: Iterable = (), cleanup: Iterable[Callable[[], None]] = ()) -> None:
-        """Bookkeeping once ``fut`` is submitted: it becomes the last writer of ``writes`` and a
-        reader of ``reads``; buffers count it as a user; ``keep`` stays alive and ``cleanup``
-        runs when it has retired (under the lock)."""
-        if self._replaying:
-            # Deferred work being submitted: its Deferred future recorded the hazards and holds
-            # the buffers since the call (deferred.py); the submitted work only waits and cleans.
-            fut.preds.extend(d for d in deps if not d.retired)
-            fut.keep = [*fut.keep, *keep]
-            fut._cleanup = [*fut._cleanup, *cleanup]
-            return
-        if not (reads or writes or deps or keep or cleanup):
-            return                          # (work touching no memory: nothing to record)
-        if type(reads) is not list:
-            reads = list(reads)
-        if type(writes) is not list:
-            writes = list(writes)
-        ordering.record(fut, reads, writes, deps)
-        views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
-        roots: list[Buffer] = []            # their allocations, once each (counted as users)
-        hosts: list[ordering.HostRange] = []
-        # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
-        for group in (reads, writes):
-            for s in group:
-                kind = type(s)
-                if kind is Buffer:
-                    if s not in views:
-                        views.append(s)
-                        root = s if s._base is None else s._base
-                        if root not in roots:
-                            roots.append(root)
-                elif kind is ordering.HostRange and s not in hosts:
-                    hosts.append(s)
-        for buf in roots:
-            buf.users += 1
-        if views or keep:
-            fut.keep = [*fut.keep, *views, *keep]
-        cleanup = list(cleanup) if cleanup else []
-        if roots or hosts or cleanup:
-            fut._cleanup = [*fut._cleanup, functools.partial(_retired, self.hazards, cleanup, roots, hosts)]
-
     # -- copies --------------------------------------------------------------------------------
     def copy(self, dst: Any, src: Any, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``aiogpu.copy``."""
@@ -494,9 +389,9 @@ class Runtime:
             op.stage, rw, reads = True, (reads, writes), []
         if fresh_dst:
             rw, writes = (reads, writes), []
-        return self._submit_guarded(op.device, op.label, reads, writes, after,
-                                   functools.partial(self._run_copy, op), deferred_rw=rw,
-                                   compile=self._copy_kernel_compile(op))
+        return _submit.guarded(self, op.device, op.label, reads, writes, after,
+                               functools.partial(_submit.copy, self, op), deferred_rw=rw,
+                               compile=self._copy_kernel_compile(op))
 
     def _copy_kernel_compile(self, op: CopyOp) -> Any:
         """The compile of the built-in copy kernel when ``op`` would run as a shader copy now
@@ -508,43 +403,16 @@ class Runtime:
         dev = op.device
         if copy_kernel in dev._kernels:
             return None
+        # (The engines' prediction first: cheaper than asking whether the kernel needs a
+        # compile, and an engine takes nearly every copy.)
+        if self.copy_engines and self._engine_may_take(op) or not self._shader_can_copy(op):
+            return None
         compiling = dev._compiling.get(copy_kernel)
         if compiling is None and not dev._needs_compile(copy_kernel):
             return None              # loading it is fast (the emulator, a warm disk cache)
-        if self.copy_engines and self._engine_may_take(op) or not self._shader_can_copy(op):
-            return None
         if compiling is None:
             compiling = dev._start_compile(copy_kernel)
         return compiling if compiling is not None and (not compiling.done() or compiling._exc is not None) else None
-
-    def _engine_may_take(self, op: CopyOp) -> bool:
-        """Whether ``_submit_copy`` is expected to take ``op`` now (not return None): a cheap
-        prediction, asked only while the copy kernel is not loaded. Default: always."""
-        return True
-
-    def _run_copy(self, op: CopyOp, deps: dict) -> GPUFuture:
-        """Host pointers, then the engine when one can take the copy, else a shader copy. The
-        hooks raise only before a future took ``op.cleanup`` over: then the host memory they
-        locked (or the pinned blocks staged) is released here."""
-        try:
-            if op.stage:
-                self._stage(op)
-            self._host_pointers(op)
-            fut = None
-            if self.copy_engines or not self._shader_can_copy(op):
-                fut = self._submit_copy(op, deps)
-            if fut is None:
-                dev, n = op.device, op.nbytes
-                fut = dev._submit_kernel(dev._loaded_kernel(copy_kernel), op.label + " (shader)", dev._copy_grid(n),
-                                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads,
-                                         [op.dst.state], keep=op.keep, cleanup=op.cleanup, copy=op)
-                self.shader_copies += 1
-        except BaseException:
-            for fn in op.cleanup:
-                fn()
-            raise
-        fut.kind, fut.nbytes = "copy", op.nbytes
-        return fut
 
     def _stage(self, op: CopyOp) -> None:
         """Copy the small host source into a pinned block now (``_copy_op`` chose to). A
@@ -610,12 +478,6 @@ class Runtime:
     # Foreign device arrays (other libraries' memory) in copies: none by default.
     _foreign_kinds = ""
 
-    def _foreign(self, obj: Any, what: str, write: bool) -> tuple | None:
-        """(pointer, nbytes, device, stream to wait on) of another library's device array, None
-        if ``obj`` is not one this backend accepts (ValueError/TypeError, naming ``what``, if it
-        is one it cannot use; ``write``: the operation writes it)."""
-        return None
-
     def _refusal(self, obj: Any) -> str:
         """Why a foreign-looking object is refused here (an empty string for other objects)."""
         if hasattr(obj, "__cuda_array_interface__") or hasattr(obj, "__dlpack__"):
@@ -639,10 +501,6 @@ class Runtime:
             raise ValueError(f"{what}: the {type(obj).__name__} is on {dev.name}, not on {device.name}")
         return Foreign(obj, ptr, nbytes, self.hazards.host(ptr, nbytes), stream)
 
-    def _shader_can_copy(self, op: CopyOp) -> bool:
-        """Whether a shader on ``op.device`` can address both sides (else an engine must copy)."""
-        return True
-
     # -- fills ---------------------------------------------------------------------------------
     def fill(self, buf: Buffer, value: int, after: Iterable[GPUFuture[Any]] = ()) -> GPUFuture[None]:
         """See ``Buffer.fill``: ``value`` repeated as a 32-bit word over the buffer."""
@@ -662,8 +520,8 @@ class Runtime:
                                          (buf, word, buf.nbytes // 4), after)
         with self.lock:
             self._check_open()
-            return self._submit_guarded(dev, f"fill {buf.nbytes} B", [], [buf], after,
-                                       lambda deps: dev._submit_fill(buf, word, deps))
+            return _submit.guarded(self, dev, f"fill {buf.nbytes} B", [], [buf], after,
+                                   lambda deps: _submit.fill(self, dev, buf, word, deps))
 
     # -- joins ---------------------------------------------------------------------------------
     def gather(self, futures: Iterable[GPUFuture[Any]]) -> GPUFuture[None]:
@@ -687,10 +545,10 @@ class Runtime:
             deps, blockers = deferred.resolve({f: False for f in live})
             with self.hub.settling_under_lock():     # (the join must not settle before its members are set)
                 if blockers:
-                    fut = deferred.defer(self, device, f"gather of {len(live)}", [], [], deps, lambda d: self._submit_join(
-                        device, [f for f in d if not f.retired], d), blockers=blockers)
+                    fut = deferred.defer(self, device, f"gather of {len(live)}", [], [], deps, lambda d: _submit.join(
+                        self, device, [f for f in d if not f.retired], d), blockers=blockers)
                 else:
-                    fut = self._submit_join(device, list(deps), deps)
+                    fut = _submit.join(self, device, list(deps), deps)
                 if fut.members is None and not fut.done():
                     fut.members = futures
             return fut
@@ -704,41 +562,15 @@ class Runtime:
             self._graphs.add(exe)
             return exe
 
-    # -- hooks -----------------------------------------------------------------------------------
-    def _pin_host(self, address: int, size: int) -> int:
-        """Page-lock ``size`` bytes of host memory at ``address`` for every device; returns the
-        address devices use for it (the pinned pool's slabs)."""
-        raise NotImplementedError
-
-    def _unpin_host(self, address: int) -> None:
-        raise NotImplementedError
-
+    # -- hooks with a default (see backend.RuntimeHooks) ---------------------------------------------
     def _host_pinned(self, array: np.ndarray) -> bool:
         """Whether copies can use ``array`` where it is, with no pinning or staging: it lies in
         the runtime's pinned pool (backends add memory they keep registered)."""
         return self.pinned.device_pointer(array.__array_interface__["data"][0], array.nbytes) is not None
 
-    def _host_pointers(self, op: CopyOp) -> None:
-        raise NotImplementedError
-
-    def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
-        raise NotImplementedError
-
-    def _submit_join(self, device: Device, live: list, deps: dict) -> GPUFuture:
-        raise NotImplementedError
-
-    def _instantiate(self, graph: Any) -> Any:
-        raise NotImplementedError
-
-    def _backend_stats(self) -> dict:
-        return {}
-
     def describe(self) -> str:
         """What ``python -m aiogpu info`` prints: the backend, why, every device and lane."""
         return f"backend: {self.backend}\nreason:  {self.reason}"
-
-    def _release(self) -> None:
-        raise NotImplementedError
 
     # -- stats and leaks -------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -911,18 +743,6 @@ def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], boo
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     if not ok(float(value)):          # (NaN fails every comparison)
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
-
-
-def _retired(hazards: ordering.Hazards, cleanup: list, bufs: list, hosts: list) -> None:
-    """What ``track`` runs once an operation retired: its cleanup, then the buffers and host
-    ranges it used let go of it."""
-    for fn in cleanup:
-        fn()
-    for buf in bufs:
-        buf._unuse()
-        ordering.prune(buf)        # finished work (and its results) is not kept alive
-    for state in hosts:
-        hazards.prune_host(state)
 
 
 def _unwritten(state: Any) -> bool:

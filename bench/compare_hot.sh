@@ -4,7 +4,7 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 python3 -m aiogpu.cuda.build_hotc 2>&1 | tail -1
-KEYS="floor_sync_us aiogpu_await_us_uvloop submit_us_aiogpu_launch_bindings submit_us_aiogpu_launch_c call_us_launch_bindings aiogpu_ops_per_s_8 aiogpu_ops_per_s_64 stream_await_us torch_sync_floor_us"
+KEYS="floor_sync_us aiogpu_await_us_uvloop submit_us_aiogpu_launch_bindings submit_us_aiogpu_launch_c call_us_launch_raw_bindings aiogpu_ops_per_s_8 aiogpu_ops_per_s_64 stream_await_us torch_sync_floor_us"
 for cfg in ${CONFIGS:-c_hold c_release bindings}; do
   case $cfg in
     c_hold) cfgenv="AIOGPU_CUDA_HOT=c";;

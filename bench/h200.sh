@@ -13,6 +13,8 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # the optional C hot path, built in place (no pip install here); without it aiogpu uses cuda-bindings
 [[ ${BUILD_HOTC:-1} == 1 ]] && { python3 -m aiogpu.cuda.build_hotc 2>&1 | tail -3 | tee "$OUT/build_hotc.log"; }
+# the compiled core (Cython, where the image has it), built in place; AIOGPU_PURE_CORE=1 runs it interpreted
+[[ ${BUILD_CORE:-1} == 1 ]] && { python3 setup.py -q build_ext --inplace > "$OUT/build_core.log" 2>&1; tail -3 "$OUT/build_core.log"; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import sys, cuda.bindings, numpy; print(sys.version); print("cuda-bindings", cuda.bindings.__version__, "numpy", numpy.__version__)'
@@ -20,11 +22,12 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   python3 -c 'import trio, pytest_asyncio, uvloop; print("trio", trio.__version__, "pytest-asyncio", pytest_asyncio.__version__, "uvloop", uvloop.__version__)'
   python3 -c 'import aiogpu.cuda as c; print("probe", c.probe())'
   python3 -c 'import aiogpu.cuda.driver as D; print("hot path", D.HOT.name, "-", D.HOT_REASON)'
+  python3 -c 'import aiogpu._core as C; print(C.summary())'
 } 2>&1 | tee "$OUT/versions.txt"
 STEPS=${STEPS:-"tests bench"}
 if [[ $STEPS == *tests* ]]; then
   timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider --timeout 120 -rs \
-    tests/test_backends.py tests/test_conformance.py tests/test_host_cost.py tests/test_issue13.py tests/test_dataloader.py tests/test_stream_futures.py tests/test_compile_off_loop.py tests/test_views_cuda.py tests/test_future_protocol.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
+    tests/api/test_backends.py tests/api/test_conformance.py tests/api/test_host_cost.py tests/api/test_issue13.py tests/api/test_dataloader.py tests/cuda_backend/test_stream_futures.py tests/api/test_compile_off_loop.py tests/cuda_backend/test_views_cuda.py tests/api/test_future_protocol.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log" | tail -40
 fi
 if [[ $STEPS == *serve* ]]; then
   timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --duration ${SERVE_S:-5} \
@@ -45,7 +48,4 @@ if [[ $STEPS == *bench* ]]; then
 fi
 if [[ $STEPS == *bindings* ]]; then   # the pure-Python fallback, for comparison with the default
   AIOGPU_CUDA_HOT=bindings timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_bindings.json" 2>&1 | tee "$OUT/bench_bindings.log"
-fi
-if [[ $STEPS == *ctypes* ]]; then
-  AIOGPU_CUDA_HOT=ctypes timeout ${BENCH_TIMEOUT:-240} python3 -m aiogpu bench --backend cuda ${BENCH_ARGS:-} --json "$OUT/h200_ctypes.json" 2>&1 | tee "$OUT/bench_ctypes.log"
 fi

@@ -17,19 +17,19 @@ import aiogpu
 from aiogpu.runtime import cuda_available
 
 ROOT = Path(__file__).resolve().parent.parent
-# bench/fakecuda's driver (an instant fake cuda.bindings) runs the CUDA backend's host paths on a
+# The fake driver in tests/fakes (an instant fake cuda.bindings) runs the CUDA backend's host paths on a
 # machine without a GPU, in a child process; where the real cuda-bindings are installed it cannot
 # shadow them, and the CUDA tests run those paths on the real driver instead.
 on_fake_cuda = pytest.mark.skipif(
     importlib.util.find_spec("cuda") is not None,
-    reason="the real cuda-bindings are installed: bench/fakecuda's fake cannot shadow them "
+    reason="the real cuda-bindings are installed: the fake of tests/fakes cannot shadow them "
            "(the CUDA tests run these paths on the real driver)")
 
 
 def run_on_fake_cuda(script: str, *, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-    """``python -c script`` on bench/fakecuda's driver (CUDA backend by default; ``env`` adds
+    """``python -c script`` on the fake driver of tests/fakes (CUDA backend by default; ``env`` adds
     variables), from the repository's root, its output captured as text."""
-    path = os.pathsep.join([str(ROOT / "bench" / "fakecuda"), str(ROOT), str(ROOT / "tests")])
+    path = os.pathsep.join([str(ROOT / "tests" / "fakes"), str(ROOT), str(ROOT / "tests")])
     full = {**os.environ, "PYTHONPATH": path, "AIOGPU_BACKEND": "cuda", **env}
     return subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)

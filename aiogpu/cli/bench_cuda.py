@@ -158,7 +158,7 @@ async def rt_hostfunc(dev: Any, n: int) -> list[float]:
         f = dev.launch(noop, (1,), (1,), (0,))
         waiter = loop.create_future()
         pending[i + 1] = waiter
-        D.launch_host_func(f.lane.stream, fn, i + 1)
+        D.HOT.host_func(f.lane.sh, fn, i + 1)
         await waiter
         out.append(time.perf_counter() - t)
     return out
@@ -201,68 +201,60 @@ async def rt_memop_poll(raw: Raw, n: int) -> list[float]:
 
 
 def call_costs(rt: Any, raw: Raw) -> dict:
-    """Microseconds per call of the hot driver calls, cuda-bindings vs ctypes vs the C extension
-    (where it is built), and of aiogpu's launch() submission on each hot path."""
+    """Microseconds per call of the hot driver calls on each hot-path implementation,
+    cuda-bindings and the C extension (where it is built), and of aiogpu's launch() submission
+    on each."""
     import aiogpu.cuda.driver as D
     res, cu = {}, raw.cu
     ev = raw.check(cu.cuEventCreate(2), "cuEventCreate")
     cu.cuEventRecord(ev, raw.stream)
     cu.cuStreamSynchronize(raw.stream)
-    hots = {"bindings": D._BindingsHot()}
-    try:
-        hots["ctypes"] = D._CtypesHot()
-    except OSError:
-        pass
+    hots: dict[str, Any] = {"bindings": D._BindingsHot()}
     try:
         hots["c"] = D._CHot()
     except (ImportError, OSError, AttributeError):
         pass
+    evh, f, s, p = int(ev), int(raw.noop.func), int(raw.stream), raw.params
+    t = time.perf_counter()       # the floor: cuda-bindings' own call, with its handle objects
+    for _ in range(2000):
+        cu.cuLaunchKernel(raw.noop.func, 1, 1, 1, 1, 1, 1, 0, raw.stream, p, 0)
+    res["call_us_launch_raw_bindings"] = (time.perf_counter() - t) / 2000 * 1e6
+    cu.cuStreamSynchronize(raw.stream)
     n = 20000
     for name, hot in hots.items():
         t = time.perf_counter()
         for _ in range(n):
-            hot.query(ev)
+            hot.query(evh)
         res[f"call_us_event_query_{name}"] = (time.perf_counter() - t) / n * 1e6
         t = time.perf_counter()
         for _ in range(2000):
-            hot.kernel(raw.noop.func, (1, 1, 1), (1, 1, 1), raw.stream, raw.params)
+            hot.launch(f, 1, 1, 1, 1, 1, 1, 0, s, p)
         res[f"call_us_launch_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
         cu.cuStreamSynchronize(raw.stream)
         t = time.perf_counter()
         for _ in range(2000):
-            hot.record(ev, raw.stream)
+            hot.record(evh, s)
         res[f"call_us_event_record_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
         cu.cuStreamSynchronize(raw.stream)
     dev = rt.devices[0]
     lane = dev.compute[0]
     if lane.dptr is not None:
-        t = time.perf_counter()
-        for i in range(2000):
-            cu.cuStreamWriteValue64(raw.stream, lane.dptr, 0, 0)
-        res["call_us_write_value64_bindings"] = (time.perf_counter() - t) / 2000 * 1e6
-        t = time.perf_counter()
-        for i in range(2000):
-            D.write64(raw.stream, lane.dptr, 0)
-        res["call_us_write_value64_chosen"] = (time.perf_counter() - t) / 2000 * 1e6
-        if "c" in hots:      # the C write alone, and a launch with its write in one C call
-            c, f, s, p, w = hots["c"], int(raw.noop.func), int(raw.stream), raw.params, lane.wordp
+        w = lane.wordp
+        for name, hot in hots.items():      # the word write alone, and a launch with its write
             t = time.perf_counter()
             for i in range(2000):
-                c.write64(s, w, 0)
-            res["call_us_write_value64_c"] = (time.perf_counter() - t) / 2000 * 1e6
+                hot.write64(s, w, 0)
+            res[f"call_us_write_value64_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
             cu.cuStreamSynchronize(raw.stream)
             t = time.perf_counter()
             for i in range(2000):
-                c.launch(f, 1, 1, 1, 1, 1, 1, 0, s, p, w, 0)
-            res["call_us_launch_write_c"] = (time.perf_counter() - t) / 2000 * 1e6
-        D.calibrate_python_write64(raw.stream, lane.dptr)   # (the Python paths' write, below)
-        cu.cuStreamSynchronize(raw.stream)
+                hot.launch(f, 1, 1, 1, 1, 1, 1, 0, s, p, w, 0)
+            res[f"call_us_launch_write_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
+            cu.cuStreamSynchronize(raw.stream)
         lane.word.value = lane.ticket
-    python_write = D.write64_python
     for name, hot in hots.items():
-        # each hot path with its own completion-word write (the C one, or the Python choice)
-        saved, saved_write = D.HOT, D.write64
-        D.HOT, D.write64 = hot, (hot.write64 if name == "c" else python_write)
+        saved = D.HOT
+        D.HOT = hot
         try:
             futs, t = [], time.perf_counter()
             for _ in range(2000):
@@ -270,7 +262,7 @@ def call_costs(rt: Any, raw: Raw) -> dict:
             res[f"submit_us_aiogpu_launch_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
             futs[-1].wait(30)
         finally:
-            D.HOT, D.write64 = saved, saved_write
+            D.HOT = saved
     cu.cuEventDestroy(ev)
     return res
 
@@ -591,9 +583,9 @@ def measure(quick: bool) -> dict:
         res[f"{d}_fraction_of_raw"] = res[f"{d}_GBs_aiogpu"] / res[f"{d}_GBs_raw"]
     res["loader_fresh_fraction_of_raw"] = res["loader_fresh_GBs"] / res["h2d_GBs_raw"]
     res["graph_over_raw"] = res["graph_replay_us_per_node"] / res["graph_raw_us_per_node"]
-    res["submit_over_launch"] = res["submit_us_aiogpu_launch_bindings"] / res["call_us_launch_bindings"]
+    res["submit_over_launch"] = res["submit_us_aiogpu_launch_bindings"] / res["call_us_launch_raw_bindings"]
     if "submit_us_aiogpu_launch_c" in res:    # the target: <= 2x a raw cuda-bindings launch
-        res["submit_c_over_launch"] = res["submit_us_aiogpu_launch_c"] / res["call_us_launch_bindings"]
+        res["submit_c_over_launch"] = res["submit_us_aiogpu_launch_c"] / res["call_us_launch_raw_bindings"]
     if "stream_await_us" in res:
         res["stream_await_over_torch_floor"] = res["stream_await_us"] / res["torch_sync_floor_us"]
         res["torch_executor_over_stream_await"] = res["torch_executor_await_us"] / res["stream_await_us"]
@@ -615,15 +607,13 @@ ROWS = [
     ("  stream write to host memory, polled", "alt_memop_poll_us"),
     ("  aiogpu spin on cuEventQuery (no completion words)", "alt_spin_event_query_us"),
     ("  aiogpu recording an event per operation too", "alt_event_waits_aiogpu_us"),
-    ("driver call cost (us): event query bindings/ctypes/c", ("call_us_event_query_bindings",
-                                                             "call_us_event_query_ctypes", "call_us_event_query_c")),
-    ("  launch bindings/ctypes/c", ("call_us_launch_bindings", "call_us_launch_ctypes", "call_us_launch_c")),
-    ("  event record bindings/ctypes/c", ("call_us_event_record_bindings", "call_us_event_record_ctypes",
-                                          "call_us_event_record_c")),
-    ("  stream write value64 bindings / chosen", ("call_us_write_value64_bindings", "call_us_write_value64_chosen")),
-    ("  C: write value64 / launch + write in one call", ("call_us_write_value64_c", "call_us_launch_write_c")),
-    ("  aiogpu launch() submit bindings/ctypes/c", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_ctypes",
-                                                    "submit_us_aiogpu_launch_c")),
+    ("driver call cost (us): raw cuda-bindings launch", "call_us_launch_raw_bindings"),
+    ("  hot path bindings/c: event query", ("call_us_event_query_bindings", "call_us_event_query_c")),
+    ("  launch", ("call_us_launch_bindings", "call_us_launch_c")),
+    ("  event record", ("call_us_event_record_bindings", "call_us_event_record_c")),
+    ("  write value64", ("call_us_write_value64_bindings", "call_us_write_value64_c")),
+    ("  launch + word write", ("call_us_launch_write_bindings", "call_us_launch_write_c")),
+    ("  aiogpu launch() submit", ("submit_us_aiogpu_launch_bindings", "submit_us_aiogpu_launch_c")),
     ("awaited ops/s, 8 tasks: aiogpu / executor", ("aiogpu_ops_per_s_8", "executor_ops_per_s_8")),
     ("awaited ops/s, 64 tasks: aiogpu / executor", ("aiogpu_ops_per_s_64", "executor_ops_per_s_64")),
     ("100-node chain, us/node: graph replay / raw cuGraphLaunch", ("graph_replay_us_per_node",

@@ -8,7 +8,7 @@ Modules, each named after its job:
   nvrtc.py     CUDA C source -> cubin for a device's architecture (cached per process)
   streams.py   lanes (a stream + its in-order pending futures), the event pool
   hostmem.py   host arrays for DMA: registration (cached, counted) and pinned staging
-  waiter.py    CudaFuture and CudaHub: the adaptive spin, host-function wake-ups, the waiter
+  waiter.py    CudaHub: the adaptive spin, host-function wake-ups, the waiter
   device.py    CudaDevice: memory, kernels, launches
   runtime.py   CudaRuntime: devices, copies, joins, graphs, interop, shutdown
   graphs.py    graphs as CUDA graphs with per-replay kernel-node patches

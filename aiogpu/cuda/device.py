@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from ..device import Device
 from ..kernels import Kernel
@@ -26,7 +26,7 @@ class LoadedCudaKernel:
 
     def __init__(self, kernel: Kernel, func: Any, module: Any):
         self.kernel, self.func, self.module = kernel, func, module
-        self.handle = int(func)     # the CUfunction as an int, for the C hot path
+        self.handle = int(func)     # the CUfunction as an int, the hot path's handle
         self.writes = kernel.writes
         self.fmt, self.offsets, self.size = layout(kernel.args)
         self._block = ctypes.create_string_buffer(max(self.size, 8))
@@ -202,58 +202,46 @@ class CudaDevice(Device):
         """Shader copies stride over the range (16 bytes a thread a step): at most 8,192 blocks."""
         return (max(1, min(-(-nbytes // (16 * 256)), 8192)) * 256,)
 
-    def _submit_kernel(self, loaded: LoadedCudaKernel, label: str, grid: tuple, block: tuple, values: list,
-                       lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
-                       waits: Sequence = ()) -> Any:
-        """One ``cuLaunchKernel`` on a compute lane after ``deps`` (under the runtime lock).
-        On the C hot path, where the lane has a completion word and no event is recorded, the
-        launch and the word's write are one C call (``submit(..., fused=True)``)."""
-        lane = self._pick_lane(deps) if deps else self.compute[next(self._rr)]
+    def _encode_kernel(self, fut: Any, lane: Lane, loaded: LoadedCudaKernel, grid: tuple, block: tuple,
+                       values: Sequence, lengths: Sequence, waits: Sequence, cleanup: list, copy: Any = None,
+                       foreign: Sequence = ()) -> tuple:
+        """One ``cuLaunchKernel`` on ``lane`` after ``waits`` (under the runtime lock), through
+        ``HotPath.launch``, which writes the lane's completion word too where the lane fuses it
+        (``Lane.fused_word``). A plain launch is encoded here without a closure; a shader copy
+        or a launch after other libraries' streams goes through ``CudaRuntime._encode_on_lane``."""
         params = loaded.pack(values) if loaded.offsets else 0
-        func, ((gx, gy, gz), (bx, by, bz)) = loaded.func, self.blocks(grid, block)
-        hot = D.HOT
+        fh, ((gx, gy, gz), (bx, by, bz)) = loaded.handle, self.blocks(grid, block)
+        launch = D.HOT.launch
         rt: Any = self.runtime          # (a CudaRuntime)
-        fused = False
-        if type(hot) is D._CHot:
-            claunch, fh, sh, wordp = hot.launch, loaded.handle, lane.sh, lane.wordp
-            if wordp and not rt.event_waits:
-                fused = True
+        if copy is None and not foreign:
+            self.make_current()
+            code = rt._wait_on_device(lane, waits) if waits else 0
+            word = lane.fused_word
+            if not code:
+                code = launch(fh, gx, gy, gz, bx, by, bz, 0, lane.sh, params, word, lane.ticket + 1 if word else 0)
+            rt._completed_on_lane(fut, lane, cleanup, code, word)
+            return ()
 
-                def enqueue(stream: Any) -> int:    # (``stream`` is always lane.stream: sh)
-                    return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params, wordp, lane.ticket + 1)
-            else:
-                def enqueue(stream: Any) -> int:
-                    return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params)
-        elif type(hot) is D._BindingsHot:
-            launch = hot.launch
+        def enqueue(stream: int, word: int, ticket: int) -> int:
+            return launch(fh, gx, gy, gz, bx, by, bz, 0, stream, params, word, ticket)
 
-            def enqueue(stream: Any) -> int:
-                return launch(func, gx, gy, gz, bx, by, bz, 0, stream, params, 0)[0]
-        else:
-            def enqueue(stream: Any) -> int:
-                return hot.kernel(func, (gx, gy, gz), (bx, by, bz), stream, params)
         if copy is None:
-            if waits:
-                enqueue = rt.with_foreign_waits(self, waits, enqueue)
-            return rt.submit(self, lane, label, deps, enqueue, reads, writes, keep, cleanup, fused=fused)
+            return rt._encode_on_lane(fut, lane, waits, cleanup, rt.with_foreign_waits(self, foreign, enqueue),
+                                      fusable=True)
         from .interop import copy_streams
         patches = rt._take_patches(copy)
         if patches:       # (bytes of pending bounced downloads: after the shader copy, on its stream)
-            if fused:
-                def enqueue(stream: Any) -> int:
-                    return claunch(fh, gx, gy, gz, bx, by, bz, 0, sh, params)
-                fused = False
             enqueue = rt._with_patches(copy, enqueue, patches)
-        return rt.submit(self, lane, label, deps, rt.with_foreign_waits(self, copy_streams(copy), enqueue), reads,
-                         writes, keep, cleanup, on_complete=copy.on_complete, nbytes=copy.nbytes, staging=copy.staging,
-                         fused=fused)
+        return rt._encode_on_lane(fut, lane, waits, cleanup, rt.with_foreign_waits(self, copy_streams(copy), enqueue),
+                                  fusable=not patches, on_complete=copy.on_complete,
+                                  nbytes=copy.nbytes, staging=copy.staging)
 
-    def _submit_fill(self, buf: Buffer, word: int, deps: dict) -> Any:
+    def _encode_fill(self, fut: Any, lane: Lane, buf: Buffer, word: int, waits: Sequence,
+                     cleanup: list) -> tuple:
         """``cuMemsetD32Async`` on a compute lane."""
         count, ptr = buf.nbytes // 4, buf.address
-        return self.runtime.submit(self, self._pick_lane(deps), f"fill {buf.nbytes} B", deps,
-                                   lambda stream: cu.cuMemsetD32Async(ptr, word, count, stream)[0], [], [buf])
+        return self.runtime._encode_on_lane(fut, lane, waits, cleanup,
+                                            lambda stream, _word, _ticket: cu.cuMemsetD32Async(ptr, word, count, stream)[0])
 
     # -- interop (Buffer.__cuda_array_interface__ / __dlpack__ delegate here) ------------------------
     def cuda_array_interface(self, buf: Buffer) -> dict:

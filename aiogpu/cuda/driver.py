@@ -2,17 +2,18 @@
 few calls on the submission hot path.
 
 Every call of ``cuda.bindings.driver`` returns ``(CUresult, *values)``; ``check`` turns a failure
-into ``CudaError`` (a ``GPUError`` whose ``status`` is the CUresult). The hot path (launch, event
-record/query/wait, async copy, the completion-word write) goes through ``HOT``, one of:
+into ``CudaError`` (a ``GPUError`` whose ``status`` is the CUresult). The hot path (launch, async
+copy, the completion-word write and wait, event record/query/wait, host functions) goes through
+``HOT``, one implementation of the interface ``HotPath`` (ints in, the CUresult as an int out):
 - ``_CHot`` ("c"): the compiled module ``aiogpu.cuda._hotc`` calling libcuda's entry points
   directly, a launch or copy and its completion-word write in one C call. The default where the
   module was built (``pip install -e .``, or ``python -m aiogpu.cuda.build_hotc``) and libcuda
   loads;
-- ``_BindingsHot`` ("cuda-bindings"): cuda-bindings with cached handle objects; the fallback;
-- ``_CtypesHot`` ("ctypes"): libcuda through ctypes.
-``AIOGPU_CUDA_HOT=c|bindings|ctypes`` forces one (falling back to cuda-bindings if it cannot
-load); ``HOT_REASON`` says why the one in use was chosen. All three call the same entry points
-as cuda-bindings (e.g. ``cuStreamWriteValue64_v2``) and return the same CUresult codes.
+- ``_BindingsHot`` ("cuda-bindings"): cuda-bindings, the fallback (the word write is a second
+  call).
+``AIOGPU_CUDA_HOT=bindings`` forces the fallback; ``HOT_REASON`` says why the one in use was
+chosen. Both call the same entry points (e.g. ``cuStreamWriteValue64_v2``) and return the same
+CUresult codes.
 """
 from __future__ import annotations
 
@@ -93,68 +94,112 @@ def forget_current() -> None:
 
 
 # -- the hot path ------------------------------------------------------------------------------------
-class _BindingsHot:
-    """Hot calls through cuda-bindings (handles are the cached CU* objects)."""
+class HotPath:
+    """The driver calls of the submission hot path, declared once; ``HOT`` is the one in use.
+
+    Every method takes handles (stream, event, function, device pointers) as ints and returns
+    the CUresult as an int (0 on success); none raises for a driver error. ``launch`` and
+    ``memcpy`` take, beyond the driver call's arguments, a completion word's device pointer and
+    a ticket: with ``word != 0`` they write ``ticket`` to ``word`` on ``stream`` after the work
+    (``cuStreamWriteValue64``), only if the work was queued; the result is then the first
+    failure of the two calls. Implementations: ``_CHot`` (the C extension) and
+    ``_BindingsHot`` (cuda-bindings, the fallback); both call the same entry points and
+    return the same codes. ``write_path`` names how the completion word is written (stats)."""
+
+    name = "abstract"
+    write_path = "none"
+
+    def launch(self, func: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+               stream: int, params: int, word: int = 0, ticket: int = 0) -> int:
+        """``cuLaunchKernel`` (no ``extra``), then the word write where ``word != 0``."""
+        raise NotImplementedError
+
+    def memcpy(self, dst: int, src: int, nbytes: int, stream: int, word: int = 0, ticket: int = 0) -> int:
+        """``cuMemcpyAsync``, then the word write where ``word != 0``."""
+        raise NotImplementedError
+
+    def write64(self, stream: int, word: int, value: int) -> int:
+        """``cuStreamWriteValue64(stream, word, value, 0)``."""
+        raise NotImplementedError
+
+    def wait64(self, stream: int, word: int, value: int, flags: int) -> int:
+        """``cuStreamWaitValue64(stream, word, value, flags)``."""
+        raise NotImplementedError
+
+    def wait_event(self, stream: int, event: int) -> int:
+        """``cuStreamWaitEvent(stream, event, 0)``."""
+        raise NotImplementedError
+
+    def record(self, event: int, stream: int) -> int:
+        """``cuEventRecord(event, stream)``."""
+        raise NotImplementedError
+
+    def query(self, event: int) -> int:
+        """``cuEventQuery(event)`` (``NOT_READY`` while pending)."""
+        raise NotImplementedError
+
+    def host_func(self, stream: int, fn: int, data: int) -> int:
+        """``cuLaunchHostFunc(stream, fn, data)`` with ``fn`` a C function pointer: the driver's
+        thread calls ``fn(data)`` without entering Python (e.g. libc's sem_post)."""
+        raise NotImplementedError
+
+
+class _BindingsHot(HotPath):
+    """The hot calls through cuda-bindings (which turns an int handle into its handle type in
+    each call): the fallback. The completion word after a launch or copy is a second call."""
 
     name = "cuda-bindings"
+    write_path = "bindings"
 
     def __init__(self) -> None:
-        self.launch = cu.cuLaunchKernel
-        self._record, self._query, self._wait = cu.cuEventRecord, cu.cuEventQuery, cu.cuStreamWaitEvent
-        self._memcpy = cu.cuMemcpyAsync
+        # Bound once, when the driver module is imported (HOT is made then).
+        self._launch, self._memcpy = cu.cuLaunchKernel, cu.cuMemcpyAsync
+        self._write64, self._wait64 = cu.cuStreamWriteValue64, cu.cuStreamWaitValue64
+        self._wait_event, self._record, self._query = cu.cuStreamWaitEvent, cu.cuEventRecord, cu.cuEventQuery
+        self._host_func = _host_func_without_python()
 
-    def record(self, event: Any, stream: Any) -> int:
+    def launch(self, func: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
+               stream: int, params: int, word: int = 0, ticket: int = 0) -> int:
+        code = self._launch(func, gx, gy, gz, bx, by, bz, shmem, stream, params, 0)[0]
+        if word and not code:
+            return self._write64(stream, word, ticket, 0)[0]
+        return code
+
+    def memcpy(self, dst: int, src: int, nbytes: int, stream: int, word: int = 0, ticket: int = 0) -> int:
+        code = self._memcpy(dst, src, nbytes, stream)[0]
+        if word and not code:
+            return self._write64(stream, word, ticket, 0)[0]
+        return code
+
+    def write64(self, stream: int, word: int, value: int) -> int:
+        return self._write64(stream, word, value, 0)[0]
+
+    def wait64(self, stream: int, word: int, value: int, flags: int) -> int:
+        return self._wait64(stream, word, value, flags)[0]
+
+    def wait_event(self, stream: int, event: int) -> int:
+        return self._wait_event(stream, event, 0)[0]
+
+    def record(self, event: int, stream: int) -> int:
         return self._record(event, stream)[0]
 
-    def query(self, event: Any) -> int:
+    def query(self, event: int) -> int:
         return self._query(event)[0]
 
-    def wait(self, stream: Any, event: Any) -> int:
-        return self._wait(stream, event, 0)[0]
-
-    def memcpy(self, dst: int, src: int, n: int, stream: Any) -> int:
-        return self._memcpy(dst, src, n, stream)[0]
-
-    def kernel(self, func: Any, grid: tuple, block: tuple, stream: Any, params: int) -> int:
-        return self.launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
-                           params, 0)[0]
+    def host_func(self, stream: int, fn: int, data: int) -> int:
+        return self._host_func(stream, fn, data)
 
 
-class _CtypesHot:
-    """The same calls straight into libcuda through ctypes (handles as CU* objects; their int
-    values are taken once per object and cached by the caller)."""
-
-    name = "ctypes"
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        vp, u, sz = ctypes.c_void_p, ctypes.c_uint, ctypes.c_size_t
-        self._launch = lib.cuLaunchKernel
-        self._launch.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
-        self._record = lib.cuEventRecord
-        self._record.argtypes = [vp, vp]
-        self._query = lib.cuEventQuery
-        self._query.argtypes = [vp]
-        self._wait = lib.cuStreamWaitEvent
-        self._wait.argtypes = [vp, vp, u]
-        self._memcpy = lib.cuMemcpyAsync
-        self._memcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint64, sz, vp]
-
-    def record(self, event: Any, stream: Any) -> int:
-        return self._record(int(event), int(stream))
-
-    def query(self, event: Any) -> int:
-        return self._query(int(event))
-
-    def wait(self, stream: Any, event: Any) -> int:
-        return self._wait(int(stream), int(event), 0)
-
-    def memcpy(self, dst: int, src: int, n: int, stream: Any) -> int:
-        return self._memcpy(dst, src, n, int(stream))
-
-    def kernel(self, func: Any, grid: tuple, block: tuple, stream: Any, params: int) -> int:
-        return self._launch(int(func), grid[0], grid[1], grid[2], block[0], block[1], block[2], 0,
-                            int(stream), params, None)
+def _host_func_without_python() -> Any:
+    """``(stream, fn, data) -> CUresult`` launching the C function ``fn`` as a host function:
+    straight into libcuda through ctypes (the driver thread calls ``fn`` and never enters
+    Python); where libcuda is under another name, cuda-bindings' C trampoline."""
+    try:
+        f = ctypes.CDLL("libcuda.so.1").cuLaunchHostFunc
+    except (OSError, AttributeError):
+        return lambda s, fn, d: cu.cuLaunchHostFunc(s, cu.CUhostFn(fn), d)[0]
+    f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    return f
 
 
 # The entry points of the C hot path, in the order _hotc.init takes them, each with the driver
@@ -193,20 +238,18 @@ def driver_entry_points(lib: Any = None) -> dict[str, int]:
     return out
 
 
-class _CHot:
-    """Hot calls through the C extension ``aiogpu.cuda._hotc`` (ImportError where it was not
-    built). Its functions take handles as ints (fastest: callers cache ``int(handle)``) or as
-    cuda-bindings objects (converted through ``__int__`` in C), and return the CUresult as an int.
-
-    ``launch`` and ``memcpy`` take, beyond the driver call's arguments, the completion word's
-    device pointer and the ticket to write there once the work is queued (skipped when the
-    launch or copy failed): the submission's driver work in one call.
+class _CHot(HotPath):
+    """The hot calls through the C extension ``aiogpu.cuda._hotc`` (ImportError where it was
+    not built): each method is the C function itself, with the interface's argument order; a
+    launch or copy and its completion-word write are one C call.
 
     ``entry_points`` (tests) replaces libcuda's addresses; by default they come from libcuda,
-    and only where the cuda-bindings in use are the real ones (bench/fakecuda's fake has no
-    ``cuGetProcAddress``, and its handles mean nothing to a real driver)."""
+    and only where the cuda-bindings in use have ``cuGetProcAddress``: the real ones, or the
+    fake of tests/fakes, which has it only to go with its own libcuda.so.1 (tests/fakes/libcuda;
+    its handles mean nothing to a real driver)."""
 
     name = "c"
+    write_path = "c"
 
     def __init__(self, entry_points: dict[str, int] | None = None) -> None:
         from . import _hotc
@@ -218,105 +261,29 @@ class _CHot:
         # The GIL stays held in the calls unless AIOGPU_HOTC_RELEASE_GIL=1 (see _hotc.c).
         _hotc.set_release_gil(os.environ.get("AIOGPU_HOTC_RELEASE_GIL", "") == "1")
         self.module = _hotc
-        # The C functions have the argument order of the methods they stand for.
-        self.launch = _hotc.launch          # (func, gx, gy, gz, bx, by, bz, shmem, stream, params[, word, ticket])
-        self.memcpy = _hotc.memcpy          # (dst, src, nbytes, stream[, word, ticket])
-        self.record = _hotc.record          # (event, stream)
-        self.query = _hotc.query            # (event)
-        self.wait = _hotc.wait_event        # (stream, event)
-        self.write64 = _hotc.write64        # (stream, word, value)
-        self.wait64 = _hotc.wait64          # (stream, word, value, flags)
-        self.host_func = _hotc.host_func    # (stream, fn, data)
-
-    def kernel(self, func: Any, grid: tuple, block: tuple, stream: Any, params: int) -> int:
-        return self.launch(func, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream, params)
+        # The C functions as instance attributes, named as the interface's methods: a call is
+        # one C call, no Python frame in between.
+        for key, _ in C_ENTRY_POINTS:
+            setattr(self, key, getattr(_hotc, key))
 
 
-def _hot() -> tuple[Any, str]:
-    """(the hot-path implementation, why it was chosen)."""
+def _hot() -> tuple[HotPath, str]:
+    """(the hot-path implementation, why it was chosen): the C extension where it loads and
+    libcuda is the driver, else cuda-bindings; ``AIOGPU_CUDA_HOT=bindings`` forces the latter."""
     want = os.environ.get("AIOGPU_CUDA_HOT", "").strip().lower()
     if want == "bindings":
         return _BindingsHot(), "AIOGPU_CUDA_HOT=bindings"
-    if want == "ctypes":
-        try:
-            return _CtypesHot(), "AIOGPU_CUDA_HOT=ctypes"
-        except OSError as exc:
-            return _BindingsHot(), f"AIOGPU_CUDA_HOT=ctypes, but libcuda did not load ({exc})"
+    # (an unknown value is reported, not raised: the backend must still import)
+    note = f"; AIOGPU_CUDA_HOT={want} names no hot path (c, bindings)" if want not in ("", "c") else ""
     try:
         hot = _CHot()
-        return hot, "AIOGPU_CUDA_HOT=c" if want == "c" else "the C extension loaded (the default)"
+        return hot, ("AIOGPU_CUDA_HOT=c" if want == "c" else "the C extension loaded (the default)") + note
     except (ImportError, OSError, AttributeError) as exc:
-        return _BindingsHot(), f"the C hot path is unavailable ({type(exc).__name__}: {exc})"
+        return _BindingsHot(), f"the C hot path is unavailable ({type(exc).__name__}: {exc}){note}"
 
 
+HOT: HotPath
 HOT, HOT_REASON = _hot()
-
-
-# -- the completion-word write: cuda-bindings or ctypes, whichever is cheaper here ---------------
-def _bindings_write64(stream: Any, dptr: Any, value: int) -> int:
-    return cu.cuStreamWriteValue64(stream, dptr, value, 0)[0]
-
-
-write64: Any = _bindings_write64
-write64_python: Any = _bindings_write64   # the cheaper Python way, once calibrate_python_write64 ran
-_write_path: list[str] = []
-_python_path: list[str] = []
-
-
-def calibrate_write64(stream: Any, dptr: Any) -> str:
-    """Choose ``write64``, the completion-word write outside the fused C calls, once per
-    process: the C call on the C hot path (cheaper than either Python way; nothing to
-    measure), else the cheaper Python way (``calibrate_python_write64``). Its name."""
-    global write64
-    if _write_path:
-        return _write_path[0]
-    if type(HOT) is _CHot:
-        write64, path = HOT.write64, "c"
-    else:
-        path = calibrate_python_write64(stream, dptr)
-        write64 = write64_python
-    _write_path.append(path)
-    return path
-
-
-def calibrate_python_write64(stream: Any, dptr: Any) -> str:
-    """Pick the cheaper way to call ``cuStreamWriteValue64`` from Python (cuda-bindings converts
-    the value through an object each call; ctypes does not) as ``write64_python``, once per
-    process. Writes 0 to ``dptr`` a few hundred times."""
-    global write64_python
-    import time
-    if _python_path:
-        return _python_path[0]
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        # the entry point cuda-bindings calls (_v2), where the driver has it
-        f = getattr(lib, "cuStreamWriteValue64_v2", None) or lib.cuStreamWriteValue64
-        f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
-        raw = int(dptr)
-
-        def ctypes_write64(stream: Any, _dptr: Any, value: int) -> int:
-            return f(int(stream), raw if _dptr is dptr else int(_dptr), value, 0)
-
-        cands = {"bindings": _bindings_write64, "ctypes": ctypes_write64}
-    except (OSError, AttributeError):
-        _python_path.append("bindings")
-        return "bindings"
-    best, best_t = "bindings", None
-    for name, fn in cands.items():
-        fn(stream, dptr, 0)
-        t = time.perf_counter()
-        for _ in range(300):
-            fn(stream, dptr, 0)
-        t = time.perf_counter() - t
-        if best_t is None or t < best_t:
-            best, best_t = name, t
-    if best == "ctypes":
-        def ctypes_any(stream: Any, dptr_: Any, value: int) -> int:
-            return f(int(stream), int(dptr_), value, 0)
-        write64_python = ctypes_any
-    cu.cuStreamSynchronize(stream)
-    _python_path.append(best)
-    return best
 
 
 # -- host functions without Python: libc's sem_post as the CUhostFn ---------------------------------
@@ -367,24 +334,3 @@ class Semaphore:
 
     def destroy(self) -> None:
         _libc.sem_destroy(ctypes.c_void_p(self.address))
-
-
-_launch_host_func = None
-
-
-def launch_host_func(stream: Any, fn: int, data: int) -> int:
-    """``cuLaunchHostFunc(stream, fn, data)`` with a C function pointer: straight into libcuda,
-    so that the driver thread calls ``fn`` (e.g. sem_post) and never enters Python."""
-    global _launch_host_func
-    hot = HOT
-    if type(hot) is _CHot:
-        return hot.host_func(stream, fn, data)
-    if _launch_host_func is None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-            f = lib.cuLaunchHostFunc
-            f.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-            _launch_host_func = lambda s, fn_, d: f(int(s), fn_, d)  # noqa: E731
-        except OSError:   # the driver library under another name: cuda-bindings' C trampoline
-            _launch_host_func = lambda s, fn_, d: cu.cuLaunchHostFunc(s, cu.CUhostFn(fn_), d)[0]  # noqa: E731
-    return _launch_host_func(stream, fn, data)

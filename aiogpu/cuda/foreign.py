@@ -138,12 +138,12 @@ def future(rt: Any, obj: Any, device: Any) -> Any:
     if handle == 0:                     # never recorded: nothing to wait for
         from ..deferred import completed
         return completed(rt.hub, "event (never recorded)")
-    event = cu.CUevent(handle)
-    wait = D.HOT.wait
-    return rt.submit(dev, ext_lane(dev), f"event {handle:#x}", {}, lambda stream: wait(stream, event), [], [])
+    wait = D.HOT.wait_event
+    return rt.submit(dev, ext_lane(dev), f"event {handle:#x}", {},
+                     lambda stream, _word, _ticket: wait(stream, handle), [], [])
 
 
-def _nothing(stream: Any) -> int:
+def _nothing(stream: int, word: int, ticket: int) -> int:
     return 0
 
 

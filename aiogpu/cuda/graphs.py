@@ -131,7 +131,7 @@ class CudaGraphExec(GraphExec):
         wanted = {node: (tuple(p["values"]), *node.op["device"].blocks(p["grid"], p["block"]))
                   for node, p in patches.items()}
 
-        def enqueue(stream: Any) -> int:
+        def enqueue(stream: int, word: int, ticket: int) -> int:
             # Only nodes patched now or by an earlier replay can differ from their original:
             # an unpatched replay of an unpatched executable touches no node.
             for node in self._patched | wanted.keys():

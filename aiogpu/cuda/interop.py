@@ -108,7 +108,8 @@ def _writer_lane(buf: Buffer) -> Any:
     if len({id(w.lane) for w in writers}) == 1:
         return writers[-1].lane
     rt = buf.device.runtime
-    return rt._submit_join(buf.device, writers, {w: False for w in writers}).lane
+    from .._core import submit
+    return submit.join(rt, buf.device, writers, {w: False for w in writers}).lane
 
 
 def typestr(dtype: np.dtype) -> str:

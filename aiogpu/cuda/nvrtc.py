@@ -13,11 +13,13 @@ keyed by the source, the architecture, the options and NVRTC's version.
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 
 from .. import compile_cache
 
+# (source, architecture) -> image: keyed by the source itself (a str caches its hash, so the
+# question ``cached`` answers before every copy costs a dictionary lookup, not a digest of the
+# source; the kernels keep their sources alive anyway).
 _cache: dict[tuple[str, str], tuple[bytes, str]] = {}
 _lock = threading.Lock()
 
@@ -27,7 +29,7 @@ _version: list[str] = []
 
 def cached(source: str, major: int, minor: int) -> bool:
     """Whether ``source`` is compiled for ``major.minor`` in this process already (no compile)."""
-    key = (hashlib.sha256(source.encode()).hexdigest(), f"{major}{minor}")
+    key = (source, f"{major}{minor}")
     with _lock:
         return key in _cache
 
@@ -44,7 +46,7 @@ def version() -> str:
 def compile_source(source: str, name: str, major: int, minor: int) -> tuple[bytes, str]:
     """(image bytes, "cubin" or "ptx") for ``source`` on compute capability ``major.minor``."""
     arch = f"{major}{minor}"
-    key = (hashlib.sha256(source.encode()).hexdigest(), arch)
+    key = (source, arch)
     with _lock:
         hit = _cache.get(key)
     if hit is not None:

@@ -18,12 +18,13 @@ on a compute lane) wherever the memory is mapped for the device.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Iterable
+import functools
+from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import BackendUnavailable, GPUError
-from ..futures import PENDING, completed_future
+from .._core import submit as _submit
+from ..errors import BackendUnavailable
 from ..runtime import FIXES, CopyOp, Runtime
 from . import driver as D
 from . import nvrtc
@@ -33,7 +34,9 @@ from .driver import cu
 from .waiter import DEFAULT_SPIN_S, CudaHub
 
 
-_wait64 = cu.cuStreamWaitValue64
+def _nothing(stream: int, word: int, ticket: int) -> int:
+    """The enqueue of a submission with no work of its own (a join, a foreign stream's point)."""
+    return 0
 
 
 class CudaRuntime(Runtime):
@@ -71,8 +74,8 @@ class CudaRuntime(Runtime):
             for i in range(count):
                 self.devices.append(CudaDevice(self, i, compute_streams=queues_per_device))
             self.hub.lanes = [lane for d in self.devices for lane in d.lanes]
-            lane = self.devices[0].compute[0]
-            self.write_path = D.calibrate_write64(lane.stream, lane.dptr) if lane.dptr is not None else None
+            # How completion words are written (stats): by the hot path, where there are words.
+            self.write_path = D.HOT.write_path if self.devices[0].compute[0].dptr is not None else None
             # Load NVRTC now (its import maps a large library while holding the GIL: done by the
             # first compile's worker thread, it stalled the event loop for 4-6 ms on the H200).
             nvrtc.version()
@@ -113,84 +116,85 @@ class CudaRuntime(Runtime):
                     if err in (0, D.PEER_ALREADY_ENABLED):
                         a.peers.add(b.index)
 
-    # -- submission (under the lock) -------------------------------------------------------------
-    def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
-               reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
-               on_complete: list | None = None, nbytes: int = 0, staging: Any = None,
-               fused: bool = False) -> Any:
-        """Wait on ``deps`` on the device, run ``enqueue(stream)`` (returns a CUresult), record
-        the completion event and write the lane's completion word; returns the future (the
-        core checked failed inputs already). A failure to queue the work returns a failed future
-        and runs ``cleanup`` at once. ``fused``: ``enqueue`` writes the completion word itself
-        (ticket ``lane.ticket + 1``, after its work, only if that was queued): only where the
-        lane has a word and no event is recorded (C hot path)."""
-        hub = self.hub
-        device.make_current()
-        stream = lane.stream
-        hot = D.HOT
-        code = 0
-        if deps:
-            waits: dict = {}
-            for dep in deps:
-                other = dep.lane
-                if other is None or other is lane or dep.retired:
-                    continue
-                cur = waits.get(other)
-                if cur is None or dep.ticket > cur.ticket:
-                    waits[other] = dep
-            for dep in waits.values():
-                if dep.ticket > dep.lane.done_upto():   # (else its lane's word shows it done: no wait)
-                    if dep.event is not None:
-                        code = hot.wait(stream, dep.event)
-                    elif type(hot) is D._CHot:     # wait on the device for the other lane's word
-                        code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
-                    else:
-                        code = _wait64(stream, dep.lane.dptr, dep.ticket, D.WAIT_GEQ)[0]
-                    if code:
-                        break
-        if not code:
-            code = enqueue(stream)
+    # -- encoding on a lane (under the lock) ------------------------------------------------------
+    def _wait_on_device(self, lane: Any, waits: Sequence) -> int:
+        """Make ``lane`` wait, on the device, for ``waits``: one wait per other lane (its newest
+        dependency suffices: lanes run in order), none for work its lane's word already shows
+        done; ``cuStreamWaitValue64`` on the other lane's word, or ``cuStreamWaitEvent`` where
+        it recorded an event. The first failing call's CUresult, else 0."""
+        newest: dict = {}
+        for dep in waits:
+            other = dep.lane
+            if other is None or other is lane:
+                continue
+            cur = newest.get(other)
+            if cur is None or dep.ticket > cur.ticket:
+                newest[other] = dep
+        hot, stream = D.HOT, lane.sh
+        for dep in newest.values():
+            if dep.ticket > dep.lane.done_upto():
+                if dep.event is not None:
+                    code = hot.wait_event(stream, dep.event)
+                else:
+                    code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
+                if code:
+                    return code
+        return 0
+
+    def _completed_on_lane(self, fut: Any, lane: Any, cleanup: list, code: int, word: int) -> None:
+        """After the operation's enqueue returned ``code`` (``word``: it wrote the completion
+        word itself): record the event and write the word (unless it did), and make ``fut`` the
+        lane's next ticket. Raises CudaError when a call failed (a sticky error fails the device
+        first): nothing then completes ``fut``."""
         event = None
-        if not code:
+        if not code and not word:
+            stream = lane.sh
             if lane.dptr is None or self.event_waits:
-                event = device.events.acquire()
-                code = hot.record(event, stream)
-            if not code and lane.dptr is not None and not fused:
-                code = D.write64(stream, lane.dptr, lane.ticket + 1)
+                event = lane.device.events.acquire()
+                code = D.HOT.record(event, stream)
+            if not code and lane.dptr is not None:
+                code = D.HOT.write64(stream, lane.wordp, lane.ticket + 1)
         if code:
             if event is not None:
-                device.events.release(event)
-            exc = GPUError(f"{label} on {lane.name}: {D.error_name(code)}", status=int(code), queue=lane.name)
-            for fn in cleanup:
-                fn()
+                lane.device.events.release(event)
             if int(code) in D.STICKY:
-                hub.device_failed(device, int(code), lane)
-            return completed_future(hub, label, exc)
+                self.hub.device_failed(lane.device, int(code), lane)
+            raise D.CudaError(f"{fut.label} on {lane.name}: {D.error_name(code)}", status=int(code),
+                              queue=lane.name)
         lane.ticket = ticket = lane.ticket + 1
-        fut = hub.new_future(label)
         fut.lane, fut.ticket, fut.event = lane, ticket, event
-        fut.device, fut.queue, fut.packet = device, lane.name, ticket
-        fut.on_complete, fut.nbytes, fut.staging = on_complete, nbytes, staging
-        if deps:
-            host_deps = None
-            for dep, semantic in deps.items():
-                if dep.retired:
-                    continue
-                if semantic:
-                    dep._add_dependent(fut)
-                if dep._state == PENDING and (getattr(dep, "on_complete", None) or getattr(dep, "host_deps", None)):
-                    # Work with host-side completion steps (bounced device-to-host copies): they
-                    # run before this future completes, so that its result includes them.
-                    host_deps = host_deps or []
-                    if dep.on_complete:
-                        host_deps.append(dep)
-                    host_deps.extend(d for d in dep.host_deps or () if d._state == PENDING)
-            fut.host_deps = host_deps
-        events = device.events
-        self._track(fut, reads, writes, deps, keep,
-                   [*cleanup, lambda: events.release(event)] if event is not None else cleanup)
-        hub.watch(fut)
-        return fut
+        fut.queue, fut.packet = lane.name, ticket
+        if event is not None:
+            cleanup.append(functools.partial(lane.device.events.release, event))
+
+    def _encode_on_lane(self, fut: Any, lane: Any, waits: Sequence, cleanup: list, enqueue: Any, *,
+                        fusable: bool = False, on_complete: list | None = None, nbytes: int = 0,
+                        staging: Any = None) -> tuple:
+        """``enqueue(stream, word, ticket)`` (returns a CUresult; ``stream`` the lane's as an
+        int) on ``lane`` after ``waits``, then the lane's completion of ``fut``.
+
+        ``fusable``: ``enqueue`` is one ``HotPath.launch`` or ``memcpy`` that passes ``word`` and
+        ``ticket`` on (writing the ticket to the word after its work, only if queued). Whether
+        it is given the lane's word is decided here, from ``lane.fused_word`` (streams.Lane);
+        otherwise it gets ``word=0`` and the word is written (or the event recorded) after it."""
+        lane.device.make_current()
+        code = self._wait_on_device(lane, waits) if waits else 0
+        word = lane.fused_word if fusable else 0
+        if not code:
+            code = enqueue(lane.sh, word, lane.ticket + 1 if word else 0)
+        self._completed_on_lane(fut, lane, cleanup, code, word)
+        fut.on_complete, fut.staging = on_complete, staging
+        if nbytes:
+            fut.nbytes = nbytes
+        return ()
+
+    def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
+               reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
+               kind: str = "dispatch") -> Any:
+        """Other work on ``lane`` through the core's submission (graph replays, other
+        libraries' streams and events): ``enqueue(stream, word, ticket)`` after ``deps``."""
+        return _submit.encoded(self, device, lane, label, kind, deps, reads, writes, keep, cleanup,
+                               functools.partial(_encode_with, self, enqueue))
 
     # -- hooks: other libraries' streams and events ---------------------------------------------
     def _foreign_check(self, obj: Any) -> None:
@@ -245,32 +249,36 @@ class CudaRuntime(Runtime):
             op.dst.ptr, op.on_complete, op.staging = self._host_destination(
                 op.dst.obj, op.dst.state, op.nbytes, op.cleanup)
 
-    def _submit_copy(self, op: CopyOp, deps: dict) -> Any:
-        """The copy on the engine device's copy stream of its direction (never None: a copy
-        stream always takes it)."""
+    def _encode_copy(self, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cleanup: list) -> tuple:
+        """The copy on ``lane`` (a copy stream of the engine device, or the compute stream of its
+        only input: ``_copy_lane``)."""
         device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
-        lane = self._copy_lane(device, op.direction, deps)
-        hot, fused = D.HOT, False
-        mapped = self._shader_can_copy(op)
         patched = self._patches        # (_take_patches inlined: this runs per copy)
+        fusable = False
+        memcpy = D.HOT.memcpy
+
+        def copy(stream: int, word: int, ticket: int) -> int:    # (fusable: passes the word on)
+            return memcpy(dptr, sptr, nbytes, stream, word, ticket)
+
         if patched is not None and patched[0] is op:
             self._patches = None
-            copy = self._with_patches(op, lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream), patched[1])
-        elif mapped and type(hot) is D._CHot and lane.wordp and not self.event_waits:
-            cmemcpy, sh, wordp, fused = hot.memcpy, lane.sh, lane.wordp, True     # copy + word write: one C call
-            copy = lambda stream: cmemcpy(dptr, sptr, nbytes, sh, wordp, lane.ticket + 1)  # noqa: E731
-        elif mapped:
-            copy = lambda stream: D.HOT.memcpy(dptr, sptr, nbytes, stream)  # noqa: E731
+            copy = self._with_patches(op, copy, patched[1])
+        elif self._shader_can_copy(op):
+            fusable = True
         else:
             dctx, sctx = op.dst.device.ctx, op.src.device.ctx
-            copy = lambda stream: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
+            copy = lambda stream, word, ticket: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
         if op.dst.stream is not None or op.src.stream is not None:     # (another library's array)
             copy = self.with_foreign_waits(device, interop.copy_streams(op), copy)
-        return self.submit(device, lane, op.label, deps, copy, op.reads, [op.dst.state], op.keep,
-                           op.cleanup, on_complete=op.on_complete, nbytes=nbytes, staging=op.staging, fused=fused)
+        return self._encode_on_lane(fut, lane, waits, cleanup, copy, fusable=fusable, on_complete=op.on_complete,
+                                    nbytes=nbytes, staging=op.staging)
+
+    def _copy_lane(self, op: CopyOp, deps: dict) -> Any:
+        """A copy stream always takes it (``_copy_lane_for``)."""
+        return self._copy_lane_for(op.device, op.direction, deps)
 
     @staticmethod
-    def _copy_lane(device: CudaDevice, direction: str, deps: dict) -> Any:
+    def _copy_lane_for(device: CudaDevice, direction: str, deps: dict) -> Any:
         """The copy stream of ``direction``; but a download whose only pending input is work on
         one compute stream of the device goes on that stream: stream order then suffices, and
         no cross-stream wait stalls the downloads queued behind it on the shared copy stream
@@ -301,36 +309,40 @@ class CudaRuntime(Runtime):
     def _with_patches(op: CopyOp, enqueue: Any, patches: list) -> Any:
         """After the upload ``enqueue`` queues, copy each patch, (offset, source pointer,
         bytes), into the destination at its offset, in order, on the same stream (so after the
-        waits of the upload: the bounced downloads whose blocks they read have completed)."""
+        waits of the upload: the bounced downloads whose blocks they read have completed).
+        Not fusable: the completion word goes after the last patch."""
         dst = op.dst.ptr
 
-        def run(stream: Any) -> int:
-            code = enqueue(stream)
+        def run(stream: int, word: int, ticket: int) -> int:
+            code = enqueue(stream, 0, 0)
+            memcpy = D.HOT.memcpy
             for off, src, n in patches:
                 if code:
                     break
-                code = D.HOT.memcpy(dst + off, src, n, stream)
+                code = memcpy(dst + off, src, n, stream)
             return code
 
         return run
 
     def with_foreign_waits(self, device: CudaDevice, streams: Iterable, enqueue: Any) -> Any:
         """Order a copy or launch after the work another library queued on ``streams`` (an
-        event recorded there, waited for on the device)."""
-        streams = list(streams)
+        event recorded there, waited for on the device). Fusable where ``enqueue`` is: the
+        completion word is passed on to it."""
+        streams = [int(s) for s in streams]
         if not streams:
             return enqueue
 
-        def run(stream: Any) -> int:
+        def run(stream: int, word: int, ticket: int) -> int:
+            hot = D.HOT
             for other in streams:
                 ev = device.events.acquire()
                 try:
-                    code = D.HOT.record(ev, cu.CUstream(other)) or D.HOT.wait(stream, ev)
+                    code = hot.record(ev, other) or hot.wait_event(stream, ev)
                 finally:
                     device.events.release(ev)
                 if code:
                     return code
-            return enqueue(stream)
+            return enqueue(stream, word, ticket)
 
         return run
 
@@ -390,12 +402,14 @@ class CudaRuntime(Runtime):
         return ptr, [lambda: hostmem.memmove(addr, ptr, nbytes)], block
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
-    def _submit_join(self, device: CudaDevice, live: list, deps: dict) -> Any:
-        """An event recorded after device-side waits, on the lane of the live futures if they
-        share one, else on a compute lane of the device."""
+    def _join_lane(self, device: CudaDevice, live: list, deps: dict) -> Any:
+        """The lane of the live futures if they share one, else a compute lane of the device."""
         lanes = {id(f.lane): f.lane for f in live if f.lane is not None}
-        lane = next(iter(lanes.values())) if len(lanes) == 1 else device._pick_lane(deps)
-        return self.submit(lane.device, lane, f"gather of {len(deps)}", deps, lambda stream: 0, [], [])
+        return next(iter(lanes.values())) if len(lanes) == 1 else device._pick_lane(deps)
+
+    def _encode_join(self, fut: Any, lane: Any, waits: Sequence, cleanup: list) -> tuple:
+        """Device-side waits, then the lane's completion (word write or event record)."""
+        return self._encode_on_lane(fut, lane, waits, cleanup, _nothing)
 
     def _instantiate(self, graph: Any) -> Any:
         from .graphs import CudaGraphExec
@@ -434,3 +448,7 @@ class CudaRuntime(Runtime):
         for dev in self.devices:
             dev.release_context()
         D.forget_current()
+
+
+def _encode_with(rt: CudaRuntime, enqueue: Any, fut: Any, lane: Any, waits: Sequence, cleanup: list) -> tuple:
+    return rt._encode_on_lane(fut, lane, waits, cleanup, enqueue)

@@ -29,23 +29,24 @@ PAGE = 4096
 class EventPool:
     """Events of one context (timing disabled: cheapest to record). An event goes back to the
     pool when its future has retired: a ``cuStreamWaitEvent`` already issued keeps waiting on
-    the record it saw, so re-recording a pooled event never disturbs earlier waits."""
+    the record it saw, so re-recording a pooled event never disturbs earlier waits. Events are
+    handed out as ints (the hot path's handles)."""
 
     def __init__(self, device: Any):
         self.device = device
-        self._free: list[Any] = []
+        self._free: list[int] = []
         self.in_use = 0
         self.created = 0
 
-    def acquire(self) -> Any:
+    def acquire(self) -> int:
         self.in_use += 1
         if self._free:
             return self._free.pop()
         self.device.make_current()
         self.created += 1
-        return D.check(cu.cuEventCreate(D.EVENT_DISABLE_TIMING), "cuEventCreate")
+        return int(D.check(cu.cuEventCreate(D.EVENT_DISABLE_TIMING), "cuEventCreate"))
 
-    def release(self, event: Any) -> None:
+    def release(self, event: int) -> None:
         self.in_use -= 1
         self._free.append(event)
 
@@ -89,10 +90,18 @@ class Lane:
     ``spin`` is this lane's adaptive spin window (seconds); ``rate`` the copy bandwidth it has
     shown (bytes/s, None until learned), from which an awaiter of a long copy predicts when to
     start spinning. ``sh`` and ``wordp`` are the stream handle and the word's device pointer as
-    ints (0 without a word), for the C hot path."""
+    ints (0 without a word), the hot path's handles.
+
+    ``fused_word`` decides, once per lane, how a launch or copy on it completes: the word's
+    pointer where the launch or copy call itself writes the ticket there after its work
+    (``HotPath.launch``/``memcpy`` with ``word``: one C call on the C hot path), or 0 where
+    the submission writes the word itself or records an event: the lane has no word (events),
+    or the runtime records an event per operation (``event_waits``), which goes between the
+    work and the word. ``CudaRuntime.submit`` applies it, to operations that are one launch or
+    copy call (``fusable``); the rest get the separate write."""
 
     __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
-                 "spin", "rate", "sh", "wordp")
+                 "spin", "rate", "sh", "wordp", "fused_word")
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
         device.make_current()
@@ -118,6 +127,7 @@ class Lane:
             host, self.dptr = device.words.slot()
             self.word = ctypes.c_uint64.from_address(host)
             self.wordp = int(self.dptr)
+        self.fused_word = 0 if device.runtime.event_waits else self.wordp
 
     @property
     def handle(self) -> int:
@@ -129,7 +139,7 @@ class Lane:
 
     def arm(self, fn: int, data: int) -> int:
         """Queue the host function ``fn(data)`` after the lane's current work (a wake-up)."""
-        return D.launch_host_func(self.stream, fn, data)
+        return D.HOT.host_func(self.sh, fn, data)
 
     def destroy(self) -> None:
         if self.stream is not None:
@@ -172,11 +182,12 @@ class ForeignLane(Lane):
             if err != 0:
                 return int(err)
             self.arm_stream = stream
+        hot, arm = D.HOT, int(self.arm_stream)
         if newest.event is not None:
-            code = D.HOT.wait(self.arm_stream, newest.event)
+            code = hot.wait_event(arm, newest.event)
         else:
-            code = cu.cuStreamWaitValue64(self.arm_stream, self.dptr, newest.ticket, D.WAIT_GEQ)[0]
-        return int(code) or D.launch_host_func(self.arm_stream, fn, data)
+            code = hot.wait64(arm, self.wordp, newest.ticket, D.WAIT_GEQ)
+        return int(code) or hot.host_func(arm, fn, data)
 
     def destroy(self) -> None:
         if self.arm_stream is not None:

@@ -1,4 +1,4 @@
-"""CUDA completions: ``CudaFuture`` and ``CudaHub`` (the spin, the wake-ups, the waiter thread).
+"""CUDA completions: ``CudaHub`` (the spin, the wake-ups, the waiter thread).
 
 A CUDA future is (lane, ticket): after the operation its lane writes the ticket into the lane's
 completion word in host memory (streams.py; or records an event, where words are not used). How
@@ -34,7 +34,7 @@ hit a sticky error (illegal address, trap, ...): every pending future of that de
 marked broken (later work on it fails at once, never hangs). CUDA does not recover from such
 errors inside the process: closing the runtime resets the device's primary context, but on the
 H200 driver a new runtime in the same process still gets the error (``CudaError`` naming it);
-a new process works (tests/test_backends.py runs the CUDA failure case in a child process).
+a new process works (tests/api/test_backends.py runs the CUDA failure case in a child process).
 """
 from __future__ import annotations
 
@@ -45,8 +45,8 @@ import time
 from typing import Any, Callable
 
 from ..errors import GPUError
-from ..futures import (DONE, PENDING, FutureHub, GPUFuture, _CallbackAwaiter,  # noqa: F401
-                       log, submission_scope)
+from .._core.futures import DONE, PENDING, GPUFuture, log, submission_scope  # noqa: F401
+from .._core.hub import FutureHub
 from . import driver as D
 
 LOST_WAKEUP_GUARD_S = 0.1
@@ -58,51 +58,21 @@ PRESLEEP_MARGIN_S = 1e-3   # ... until this long before their predicted end (tim
 LEARN_MIN_BYTES = 1 << 20
 
 
-class CudaFuture(GPUFuture):
-    """A GPUFuture backed by an event recorded on a lane (see the module doc)."""
+def _predicted_wait(fut: GPUFuture) -> float:
+    """Seconds until a copy of ``fut.nbytes`` should complete at its lane's learned rate."""
+    lane = fut.lane
+    if not fut.nbytes or lane is None or not lane.rate:
+        return 0.0
+    return fut.submitted_at + fut.nbytes / lane.rate - time.monotonic()
 
-    __slots__ = ("ticket", "event", "on_complete", "staging", "host_deps")
 
-    def __init__(self, hub: "CudaHub", label: str = ""):
-        super().__init__(hub, label)
-        self.ticket = 0
-        self.event: Any = None
-        self.on_complete: list[Callable[[], None]] | None = None
-        self.staging: Any = None       # bounce block of a device-to-host copy
-        self.host_deps: list | None = None   # earlier work whose host steps must run first
-        self.retired = False
-
-    def done(self) -> bool:
-        """True once the work has completed or failed (reads the lane's completion word, so it
-        is current even before the waiter has looked)."""
-        if self._state == PENDING:
-            lane = self.lane
-            if lane is not None and lane.word is not None and lane.word.value >= self.ticket:
-                self._hub.observed(lane, self.ticket, 0)
-        return self._state != PENDING
-
-    def result(self) -> Any:
-        self.done()
-        return super().result()
-
-    def exception(self) -> BaseException | None:
-        self.done()
-        return super().exception()
-
-    def _predicted_wait(self) -> float:
-        """Seconds until a copy of ``nbytes`` should complete at its lane's learned rate."""
-        lane = self.lane
-        if not self.nbytes or lane is None or not lane.rate:
-            return 0.0
-        return self.submitted_at + self.nbytes / lane.rate - time.monotonic()
-
-    def _learn(self) -> None:
-        """Learn the lane's copy bandwidth from a copy that just completed (an upper bound on
-        its duration: submission to now)."""
-        lane = self.lane
-        if self.nbytes >= LEARN_MIN_BYTES and lane is not None and self._exc is None:
-            sample = self.nbytes / max(time.monotonic() - self.submitted_at, 1e-6)
-            lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
+def _learn(fut: GPUFuture) -> None:
+    """Learn the lane's copy bandwidth from a copy that just completed (an upper bound on its
+    duration: submission to now)."""
+    lane = fut.lane
+    if fut.nbytes >= LEARN_MIN_BYTES and lane is not None and fut._exc is None:
+        sample = fut.nbytes / max(time.monotonic() - fut.submitted_at, 1e-6)
+        lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
 
 
 class CudaHub(FutureHub):
@@ -120,10 +90,9 @@ class CudaHub(FutureHub):
         self.start()
 
     # -- futures ---------------------------------------------------------------------------------
-    def new_future(self, label: str) -> CudaFuture:
-        fut = CudaFuture(self, label)
-        fut.signal = next(self._keys)
-        return fut
+    def _new_key(self) -> int:
+        """A future's key in ``_pending`` (its completion is its lane's ticket)."""
+        return next(self._keys)
 
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
@@ -145,10 +114,8 @@ class CudaHub(FutureHub):
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
         its lane is armed (``FutureHub.arm`` decides who is waited for)."""
-        if not isinstance(fut, CudaFuture):     # settled on the host (a compile): nothing to arm
-            return
         lane = fut.lane
-        if lane is None or lane.armed >= fut.ticket:
+        if lane is None or lane.armed >= fut.ticket:     # (None: settled on the host, a compile)
             return
         # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
         # leaves ``armed`` behind, and the next arm queues one more wake-up.
@@ -166,8 +133,11 @@ class CudaHub(FutureHub):
         self.sem.post()
 
     def observe(self, fut: GPUFuture) -> None:
-        """Nothing: a CUDA future's ``done()`` reads its lane's completion word itself
-        (``CudaFuture.done``); host-settled futures have no completion to read."""
+        """``done()``: read the lane's completion word (one memory load) and settle the lane's
+        prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
+        lane = fut.lane
+        if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
+            self.observed(lane, fut.ticket, 0)
 
     def force_complete(self, key: int) -> None:
         """A failed future whose work can no longer run (its device hit a sticky error):
@@ -190,32 +160,32 @@ class CudaHub(FutureHub):
         return fut.event is not None and D.HOT.query(fut.event) != D.NOT_READY
 
     # -- the spin ----------------------------------------------------------------------------------
-    def spin_await(self, fut: CudaFuture):
+    def spin_await(self, fut: GPUFuture):
         """A long copy first lets the loop sleep until near its predicted end; then the spin."""
-        if not isinstance(fut, CudaFuture):    # a host-settled future (a compile, deferred work)
-            return
         lane = fut.lane
-        word = lane.word if lane is not None else None
+        if lane is None:                 # a host-settled future (a compile, deferred work)
+            return
+        word = lane.word
         if word is not None and fut._state == PENDING and word.value >= fut.ticket:
             # Done at the first poll (short work, the common case of a request): the spin's hit,
             # without reading the clock or starting it.
             self._hit(lane, fut, 0.0)
             return self.completed_now(fut)
-        ahead = fut._predicted_wait()
+        ahead = _predicted_wait(fut)
         if ahead > PRESLEEP_MIN_S:
             yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
         return (yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0))
 
-    def parked_done(self, fut: CudaFuture) -> None:
+    def parked_done(self, fut: GPUFuture) -> None:
         fut = _submitted(fut)
         if fut is not None:
-            fut._learn()
+            _learn(fut)
 
     def poll(self) -> None:
         if not self._stop:
             self.scan()
 
-    def spin(self, fut: CudaFuture, at_least: float = 0.0):
+    def spin(self, fut: GPUFuture, at_least: float = 0.0):
         """Poll ``fut``'s completion on the loop for up to its lane's adaptive window (or
         ``at_least`` seconds), yielding in between. With a completion word a poll is one memory
         load; without, one ``cuEventQuery``. Returns True when the word showed the work done and
@@ -249,7 +219,7 @@ class CudaHub(FutureHub):
             lane.spin = max(SPIN_MIN_S, lane.spin / 2)
         return False
 
-    def completed_now(self, fut: CudaFuture) -> bool:
+    def completed_now(self, fut: GPUFuture) -> bool:
         """The spin read ``fut``'s ticket in its lane's completion word: the work completed
         successfully (a lane writes the word only after it; a failing context stops the lane).
         The awaiter returns at once, with no lock and no state change on the loop: settling
@@ -262,12 +232,12 @@ class CudaHub(FutureHub):
             return False
         return True
 
-    def _hit(self, lane: Any, fut: CudaFuture, waited: float) -> None:
+    def _hit(self, lane: Any, fut: GPUFuture, waited: float) -> None:
         """A spin saw ``fut`` complete after ``waited`` seconds: the lane's window grows."""
         self.spin_hits += 1
         lane.spin = min(self.spin_s, max(lane.spin * 2, 2 * waited))
         if fut.nbytes >= LEARN_MIN_BYTES:
-            fut._learn()
+            _learn(fut)
 
     # -- observing lanes ---------------------------------------------------------------------------
     # Completions are observed and settled without the runtime lock (see ``FutureHub``); the
@@ -425,8 +395,8 @@ def _snapshot(pending: Any) -> list:
             continue
 
 
-def _submitted(fut: Any) -> "CudaFuture | None":
+def _submitted(fut: Any) -> "GPUFuture | None":
     """The CUDA work behind ``fut``: itself, the submitted work of a Deferred, or None (a
     host-settled future: a compile, deferred work not submitted yet)."""
     work = fut._submitted_work()
-    return work if isinstance(work, CudaFuture) else None
+    return work if work is not None and work.lane is not None else None

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any, Iterable
+import functools
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..device import Device
 from ..futures import GPUFuture
 from ..hsa_bindings import packets as P
 from ..hsa_bindings import types as T
 from ..kernels import Kernel
-from ..queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
+from ..memory import Buffer
+from .queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
 from .kernels import LoadedKernel, code_object, load_kernel, needs_compile, pack_args
 
 if TYPE_CHECKING:
@@ -78,19 +80,17 @@ class HsaDevice(Device):
         object on the kernel."""
         code_object(kernel, self._api.backend, self.isa)
 
-    def _submit_kernel(self, loaded: LoadedKernel, label: str, grid: tuple, block: tuple, values: list,
-                       lengths: list, deps: dict, reads: list, writes: list, *,
-                       keep: Iterable = (), cleanup: Iterable = (), copy: Any = None,
-                       waits: Iterable = ()) -> GPUFuture:
-        """One dispatch packet, after barrier-AND packets for dependencies on other queues and
-        engines (the barrier bit for one on the same queue). Whatever can fail (packing the
-        arguments, their size) fails before the future exists. (``waits`` is always empty here:
-        HSA takes no other library's arrays.)"""
-        hub = self.runtime.hub
-        queue = self._pick_lane(deps)
+    def _encode_kernel(self, fut: GPUFuture, lane: AqlQueue, loaded: LoadedKernel, grid: tuple, block: tuple,
+                       values: Sequence, lengths: Sequence, waits: Sequence, cleanup: list, copy: Any = None,
+                       foreign: Sequence = ()) -> list[int]:
+        """One dispatch packet on the queue ``lane``, after barrier-AND packets for ``waits`` on
+        other queues and engines (the barrier bit for those in this very queue). Whatever can
+        fail (packing the arguments, their size) fails before any packet is written.
+        (``foreign`` is always empty here: HSA takes no other library's arrays.)"""
+        queue = lane
         kernarg = pack_args(loaded, values, lengths, grid, block)
         if len(kernarg) > queue.kernarg.size:
-            raise ValueError(f"{label}: {len(kernarg)} bytes of kernel arguments exceed the kernarg "
+            raise ValueError(f"{fut.label}: {len(kernarg)} bytes of kernel arguments exceed the kernarg "
                              f"ring of {queue.name} ({queue.kernarg.size} bytes)")
         pkt = P.hsa_kernel_dispatch_packet_t()
         dims = len(grid)
@@ -100,51 +100,52 @@ class HsaDevice(Device):
         pkt.private_segment_size = loaded.private_segment_size
         pkt.group_segment_size = loaded.group_segment_size
         pkt.kernel_object = loaded.kernel_object
-        fut = hub.new_future(label)
-        fut.device, fut.kind, fut.lane = self, "dispatch", queue
-        packets, barrier = self._wait_packets(fut, queue, deps)
+        fut.lane = queue
+        packets, barrier, keys = self._wait_packets(queue, waits)
         pkt.completion_signal.handle = fut.signal
         header = P.make_header(P.HSA_PACKET_TYPE_KERNEL_DISPATCH, barrier=barrier and not packets)
         packets.append((pkt, header | dims << 16))
-        self._submit_group(fut, queue, packets, reads, writes, deps, keep, cleanup, kernarg, loaded.kernarg_align)
-        return fut
+        self._encode_group(fut, queue, packets, cleanup, kernarg, loaded.kernarg_align)
+        return keys
+
+    def _encode_fill(self, fut: GPUFuture, lane: Any, buf: Buffer, word: int, waits: Sequence,
+                     cleanup: list) -> None:
+        """No fill of its own: the built-in fill kernel (the core runs it)."""
+        return None
 
     def _lane_load(self, lane: AqlQueue) -> int:
         """Packet groups in flight or back-logged on the queue."""
         return len(lane.inflight) + len(lane.backlog)
 
-    def _submit_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, reads: Iterable, writes: Iterable,
-                     deps: Iterable, keep: Iterable = (), cleanup: Iterable = (), kernarg: bytes = b"",
-                     kernarg_align: int = 16) -> None:
-        """Track ``fut`` on ``queue`` and hand it its packets (published now, or back-logged
-        until the ring has room)."""
-        self._track_on(fut, queue, reads, writes, deps, keep, cleanup)
+    def _encode_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, cleanup: list,
+                      kernarg: bytes = b"", kernarg_align: int = 16) -> None:
+        """Hand ``fut``'s packets to ``queue`` (published now, or back-logged until the ring has
+        room); the queue forgets them once ``fut`` has retired."""
+        cleanup.append(functools.partial(queue.retired, fut))
         queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg,
                                  kernarg_align=kernarg_align))
 
-    def _track_on(self, fut: GPUFuture, queue: AqlQueue, reads: Iterable, writes: Iterable, deps: Iterable,
-                 keep: Iterable = (), cleanup: Iterable = ()) -> None:
-        """The core's bookkeeping for ``fut``, plus the queue's own when it retires."""
-        self.runtime._track(fut, reads, writes, deps, keep, [*cleanup, lambda: queue.retired(fut)])
+    def _track_on(self, fut: GPUFuture, queue: AqlQueue, reads: list, writes: list, deps: list,
+                  keep: Any = ()) -> None:
+        """A graph replay's bookkeeping for ``fut`` on ``queue`` (its executor builds its own
+        futures: see hsa/graph.py), plus the queue's own when it retires."""
+        from .._core.submit import track
+        track(self.runtime, fut, reads, writes, deps, keep, [functools.partial(queue.retired, fut)])
 
-    def _wait_packets(self, fut: GPUFuture, queue: AqlQueue, deps: dict) -> tuple[list, bool]:
-        """Barrier-AND packets for dependencies on other queues/engines/devices, and whether the
+    def _wait_packets(self, queue: AqlQueue, waits: Sequence) -> tuple[list, bool, list[int]]:
+        """Barrier-AND packets for the ``waits`` on other queues/engines/devices, whether the
         first packet needs the barrier bit (a dependency whose packets are earlier in this very
         HSA queue; one left over from the queue's previous incarnation, destroyed by an error,
-        is waited for by its signal like any other: see ``AqlQueue.holds``)."""
-        hub, barrier, signals = self.runtime.hub, False, []
-        for dep, semantic in deps.items():
-            if dep.retired:
-                continue
+        is waited for by its signal like any other: see ``AqlQueue.holds``), and the signals
+        the packets name."""
+        barrier, signals = False, []
+        for dep in waits:
             if queue.holds(dep):
                 barrier = True
-                if semantic:
-                    dep._add_dependent(fut)
             else:
-                hub.depend(fut, dep, semantic=semantic)
                 signals.append(dep.signal)
         packets = barrier_and_packets(signals, barrier=barrier) if signals else []
-        return packets, barrier
+        return packets, barrier, signals
 
     def _destroy(self) -> None:
         for queue in self.queues:

@@ -26,7 +26,7 @@ from ..graph import Graph, GraphExec, GraphNode
 from ..hsa_bindings import packets as P
 from ..kernels import copy_kernel
 from ..memory import Buffer
-from ..queues import PacketGroup, barrier_and_packets
+from .queues import PacketGroup, barrier_and_packets
 from .device import HsaDevice as Device
 from .kernels import pack_args
 
@@ -232,14 +232,14 @@ class HsaGraphExec(GraphExec):
         if self._last is not None and not self._last.retired:
             deps.setdefault(self._last, False)       # replays run in launch order
         head = [d for d in deps if not d.retired]
-        node_futs = {n: hub.new_future(f"{n.label} (replay {self.replays})") for n in self.signaled}
+        node_futs = {n: hub.watch(hub.new_future(f"{n.label} (replay {self.replays})")) for n in self.signaled}
         parts = []
         for lane in self.lanes.values():
             parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed))
         for node, engine in self.engine_of.items():
             parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
         self.runtime.shader_copies += self._shader_copies
-        replay = hub.new_future(label)
+        replay = hub.watch(hub.new_future(label))
         replay.kind = "graph"
         first_dev = self.home_device()
         replay.device = first_dev
@@ -275,7 +275,7 @@ class HsaGraphExec(GraphExec):
             i = lane.dispatch_at.get(node)
             if i is not None:
                 headers[i] = (headers[i] & 0xFFFF) | len(p["grid"]) << 16
-        segment = hub.new_future(f"graph lane {lane.queue.name} (replay {self.replays})")
+        segment = hub.watch(hub.new_future(f"graph lane {lane.queue.name} (replay {self.replays})"))
         segment.device, segment.kind = lane.device, "graph"
         waits = []
         for i, slot, dep in lane.waits:

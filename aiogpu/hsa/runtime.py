@@ -6,7 +6,7 @@ import ctypes
 import itertools
 import threading
 import weakref
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -16,9 +16,9 @@ from ..futures import GPUFuture
 from ..hsa_bindings import loader
 from ..hsa_bindings import types as T
 from ..memory import Buffer
-from ..queues import barrier_and_packets
+from .queues import barrier_and_packets
 from ..runtime import CopyOp, Runtime
-from ..signals import CompletionHub
+from .signals import CompletionHub
 from .device import HsaDevice
 from .kernels import unload_kernel
 from .memory import HostLocks
@@ -230,60 +230,46 @@ class HsaRuntime(Runtime):
     def _engine_may_take(self, op: CopyOp) -> bool:
         return op.device.engines.may_take(self._agent_of(op.dst), self._agent_of(op.src))
 
-    def _submit_copy(self, op: CopyOp, deps: dict) -> GPUFuture | None:
-        """The copy on one of the device's SDMA engines (source device for peer copies and
-        device-to-host, destination for host-to-device); None when none can take it. An engine
-        that refuses the copy with another error fails it: the future returned has failed
-        (what it would have written reads as failed) and the host memory it locked is released."""
+    def _copy_lane(self, op: CopyOp, deps: dict) -> Any:
+        """One of the device's SDMA engines (source device for peer copies and device-to-host,
+        destination for host-to-device) that can take the copy now; None when none can."""
+        return op.device.engines.pick(self._agent_of(op.dst), self._agent_of(op.src))
+
+    def _encode_copy(self, fut: GPUFuture, op: CopyOp, lane: Any, waits: Sequence,
+                     cleanup: list) -> list[int] | None:
+        """The copy on engine ``lane`` after ``waits`` (``hsa_amd_memory_async_copy`` names
+        their signals); None when the engine ran out between status and submit, or refused the
+        copy (a shader copies it). An engine that refuses it with another error raises it: the
+        copy fails (what it would have written reads as failed)."""
         device: HsaDevice = op.device
-        dst_agent, src_agent = self._agent_of(op.dst), self._agent_of(op.src)
-        engine = device.engines.pick(dst_agent, src_agent)
-        if engine is None:
-            return None
-        fut = self.hub.new_future(op.label)
-        fut.device, fut.kind, fut.nbytes = device, "copy", op.nbytes
-        live = [d for d in deps if not d.retired]
-        for dep in live:
-            self.hub.depend(fut, dep, semantic=deps[dep])
+        signals = [d.signal for d in waits]
         try:
-            name = device.engines.submit(engine, op.dst.ptr, dst_agent, op.src.ptr, src_agent, op.nbytes,
-                                         [d.signal for d in live], fut.signal)
+            name = device.engines.submit(lane, op.dst.ptr, self._agent_of(op.dst), op.src.ptr,
+                                         self._agent_of(op.src), op.nbytes, signals, fut.signal)
         except GPUError as exc:
-            self._withdraw(fut, live)
-            for fn in op.cleanup:
-                fn()
-            op.cleanup.clear()
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc
-            return hazards.failed_without_running(self.hub, op.label, err, [op.dst.state])
-        if name is None:           # the engine ran out between status and submit, or refused
-            self._withdraw(fut, live)
+            raise err from exc
+        if name is None:
             return None
         fut.queue = name
-        self._track(fut, op.reads, [op.dst.state], live, op.keep, op.cleanup)
-        return fut
-
-    def _withdraw(self, fut: GPUFuture, live: list) -> None:
-        """Forget a copy future whose engine did not take the copy."""
-        for dep in live:
-            if fut in dep._dependents:
-                dep._dependents.remove(fut)
-        self.hub.discard(fut)
+        return signals
 
     # -- hooks: joins and graphs ------------------------------------------------------------------
-    def _submit_join(self, device: Any, live: list, deps: dict) -> GPUFuture:
-        """A barrier-AND packet (chained five signals at a time) on the device's first queue
-        (a working device's, when this one is lost: the join only orders)."""
+    def _join_lane(self, device: Any, live: list, deps: dict) -> Any:
+        """The device's first queue (a working device's, when this one is lost: the join only
+        orders)."""
         if device.broken is not None:
             device = next((d for d in self.devices if d.broken is None), device)
-        queue = device.queues[0]
-        fut = self.hub.new_future(f"gather of {len(deps)}")
-        fut.device, fut.kind, fut.lane = device, "join", queue
-        for dep in live:
-            self.hub.depend(fut, dep, semantic=deps[dep])
-        packets = barrier_and_packets([d.signal for d in live], fut.signal)
-        device._submit_group(fut, queue, packets, [], [], live)
-        return fut
+        return device.queues[0]
+
+    def _encode_join(self, fut: GPUFuture, lane: Any, waits: Sequence, cleanup: list) -> list[int]:
+        """A barrier-AND packet (chained five signals at a time) waiting for every one of
+        ``waits``."""
+        fut.lane = lane
+        signals = [d.signal for d in waits]
+        lane.device._encode_group(fut, lane, barrier_and_packets(signals, fut.signal), cleanup)
+        return signals
 
     def _instantiate(self, graph: Any) -> Any:
         from .graph import HsaGraphExec

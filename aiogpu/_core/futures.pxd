@@ -1,0 +1,35 @@
+# The future's fields as C slots (futures.py is the source; this only types it).
+cdef class GPUFuture:
+    cdef public object _hub
+    cdef public int _state
+    cdef public object _exc
+    cdef public object signal
+    cdef public object _ports
+    cdef public object _event
+    cdef public object _callbacks
+    cdef public object _cleanup
+    cdef public object _dependents
+    cdef public object _dep_signals
+    cdef public object preds
+    cdef public object _on_retire
+    cdef public bint _retiring
+    cdef public bint retired
+    cdef public object label
+    cdef public object value
+    cdef public object device
+    cdef public object kind
+    cdef public object nbytes
+    cdef public object queue
+    cdef public object packet
+    cdef public object lane
+    cdef public double submitted_at
+    cdef public object keep
+    cdef public object members
+    cdef public bint waited
+    cdef public object _views
+    cdef public long long ticket
+    cdef public object event
+    cdef public object on_complete
+    cdef public object staging
+    cdef public object host_deps
+    cdef object __weakref__

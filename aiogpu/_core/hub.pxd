@@ -1,0 +1,27 @@
+# The hub's fields as C slots (hub.py is the source; this only types it). Backends subclass it
+# in Python (their waiter's state lives in the subclass).
+from aiogpu._core.futures cimport GPUFuture
+
+cdef class Hub:
+    cdef public object lock
+    cdef public object state_lock
+    cdef public object _backlog
+    cdef public set _queued
+    cdef public int _slow
+    cdef public object watchdog_s
+    cdef public double spin_s
+    cdef public int awaiting
+    cdef public dict _pending
+    cdef public object _events
+    cdef public bint _dirty
+    cdef public bint _woken
+    cdef public bint _idle
+    cdef public bint _stop
+    cdef public long long wakeups
+    cdef public list leaked
+    cdef public object _given_up
+    cdef public dict _ready_since
+    cdef public object owner
+    cdef public object on_timeout
+    cdef public object _thread
+    cdef object __weakref__

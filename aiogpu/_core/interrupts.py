@@ -1,0 +1,252 @@
+"""Ctrl-C held back while state must stay consistent, then raised right after.
+
+Python runs the SIGINT handler (by default: raise KeyboardInterrupt) between any two bytecodes of
+the main thread. Inside a critical section, the runtime's lock while an operation is submitted or
+an emulated HSA call, that would leave half-done state: a future watched but never submitted, a
+ring slot reserved but never published, an HSA call whose effect happened but whose result was
+lost. While the main thread is inside a *hold* (``hold``/``release``, or ``InterruptSafeLock``),
+the installed handler is ``_record``, which only notes the signal; when the outermost hold ends,
+the handler it stands in for runs: the interrupt arrives right after the section, as it arrives
+right after a call into a C library.
+
+Outside holds ``_record`` forwards at once to the handler it stands in for, so whether it is
+still installed changes nothing but what ``signal.getsignal`` returns. That lets an event loop
+keep it for the rest of a loop iteration: swapping handlers is a ``sigaction`` system call each
+way (about 1.5 us per operation on the H200 before), so on a running asyncio loop the original
+handler goes back once per iteration (a ``call_soon``), not once per operation. In synchronous
+code, and where the original is Python's default handler, it goes back when the outermost hold
+ends, as before. A handler installed by someone else meanwhile is never replaced: it is simply
+not ``_record`` any more. (Under ``asyncio.run`` the original is asyncio's own handler, which
+``asyncio.Runner`` swaps back for the default one when the run ends. If a run's last iteration
+submits work in a done-callback, so that the loop stops with the restore still queued, the
+forwarding ``_record`` stays until the next hold ends outside a loop; asyncio then leaves it:
+later Ctrl-Cs behave as in that run, where the first one would cancel its finished main task.)
+
+Only the main thread runs signal handlers; elsewhere, and where SIGINT has no Python-level handler,
+nothing is held. Holds nest. This module imports nothing from aiogpu: the runtime's lock and the
+emulator share it; its state is the main thread's alone.
+"""
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found]  # (the C module behind signal: no stub)
+import asyncio
+import sys
+import threading
+from types import FrameType, TracebackType
+from typing import Any, Callable
+
+SIGINT = _signal.SIGINT
+_getsignal, _setsignal, _get_ident = _signal.getsignal, _signal.signal, threading.get_ident
+_running_loop = asyncio._get_running_loop
+_MAIN = threading.main_thread().ident
+
+# The main thread's hold state (only it runs signal handlers, so only it touches these):
+_depth = 0                          # holds in progress
+_saved: Callable | None = None      # the handler ``_record`` stands in for, while installed
+_arrived = False                    # a SIGINT came during the current outermost hold
+_restore_on: Any = None             # the loop that ``_restore`` was last queued on
+
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    """The installed handler: inside a hold, note the signal; outside, run the handler it
+    stands in for (so a lingering ``_record`` behaves exactly as that handler)."""
+    global _arrived
+    if _depth:
+        _arrived = True
+        return
+    previous = _saved if _saved is not None else _signal.default_int_handler
+    previous(signum, frame)
+
+
+def _enter() -> None:
+    """Begin a hold on the main thread (install ``_record`` at the outermost one)."""
+    global _depth, _saved
+    if _depth == 0:
+        current = _getsignal(SIGINT)
+        if current is not _record:
+            if callable(current):
+                # Installed before the depth counts the hold: a Ctrl-C now runs ``current``.
+                _setsignal(SIGINT, _record)
+                _saved = current
+            else:                          # SIG_IGN, SIG_DFL, or not set from Python
+                _saved = None
+    _depth += 1
+
+
+def _exit() -> Callable | None:
+    """End a hold on the main thread; the handler to run now if a SIGINT came during the
+    outermost hold (the caller runs it: it raises, by default), else None."""
+    global _depth, _arrived, _restore_on
+    _depth -= 1
+    if _depth:
+        return None
+    if _arrived:
+        _arrived = False
+        previous = _saved
+        _uninstall()
+        return previous
+    if _saved is not None:
+        # Python's default handler is never left in place: asyncio.Runner installs its own
+        # only over that one, and a loop that stops right after this iteration (its restore
+        # still queued) must not change what the next ``asyncio.run`` does on Ctrl-C.
+        loop = _running_loop() if _saved is not _signal.default_int_handler else None
+        if loop is None:
+            _uninstall()
+        elif _restore_on is not loop:  # on a loop: once this iteration's callbacks have run
+            try:
+                loop.call_soon(_restore)
+                _restore_on = loop
+            except RuntimeError:       # (a closed loop)
+                _uninstall()
+    return None
+
+
+def _restore() -> None:
+    """On the loop, between callbacks (never inside a hold): the original handler goes back."""
+    global _restore_on
+    _restore_on = None
+    if _depth == 0:
+        _uninstall()
+
+
+def _uninstall() -> None:
+    """Put the handler ``_record`` stands in for back, unless someone replaced ``_record``."""
+    global _saved
+    if _saved is None:
+        return
+    if _getsignal(SIGINT) is _record:
+        # (A SIGINT pending from just before runs ``_record`` here, which forwards it: it
+        # raises before the swap, and ``_saved`` stays valid for the next attempt.)
+        _setsignal(SIGINT, _saved)
+    _saved = None
+
+
+def hold() -> bool:
+    """Hold SIGINT back on the main thread; True if this thread holds (then call ``release``)."""
+    if _get_ident() != _MAIN:
+        return False
+    _enter()
+    return True
+
+
+def release() -> Callable | None:
+    """End a ``hold``: the handler to run now (``handler(SIGINT, frame)``, which for Python's
+    default handler raises KeyboardInterrupt) if a SIGINT arrived while it was held, else None."""
+    return _exit()
+
+
+class InterruptSafeLock:
+    """A reentrant lock whose holder is not interrupted halfway by Ctrl-C, and that runs work
+    left for its holder.
+
+    While the main thread holds it, SIGINT is held back (``hold``); when the outermost hold
+    ends the lock is released first and then the original handler runs, so KeyboardInterrupt is
+    raised by the ``with`` statement's exit, after the section has completed. Other threads use
+    it as a plain ``threading.RLock``; ``raw`` is that RLock, for sections that need no such care.
+
+    Work left for the holder ("try-lock or delegate"): a thread that must not wait for the lock
+    appends to ``backlog`` (any object whose truth says whether work waits) and calls
+    ``try_run(drain)``; when another thread holds the lock, that holder runs ``drain`` when its
+    outermost ``with`` section begins and again before it ends (never inside a nested one, so
+    never halfway through the holder's own work). ``drain`` must not raise.
+    """
+
+    __slots__ = ("raw", "_held", "backlog", "drain")
+
+    def __init__(self) -> None:
+        self.raw = threading.RLock()
+        self._held = 0                  # the holder's nesting in ``with``/``try_run`` (any thread)
+        self.backlog: Any = ()          # truthy while work waits for the holder
+        self.drain: Callable[[], None] | None = None
+
+    def __enter__(self) -> "InterruptSafeLock":
+        if _get_ident() == _MAIN:
+            _enter()                      # before acquiring: a Ctrl-C cannot leave it acquired
+            try:
+                self.raw.acquire()
+            except BaseException:
+                _leave()
+                raise
+        else:
+            self.raw.acquire()
+        self._held += 1
+        if self.backlog and self._held == 1:
+            self.drain()                  # type: ignore[misc]
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.backlog and self._held == 1:
+            self.drain()                  # type: ignore[misc]
+        self._held -= 1
+        self.raw.release()
+        if _get_ident() == _MAIN:
+            _leave()
+
+    def try_run(self, fn: Callable[[], Any]) -> bool:
+        """Run ``fn`` under the lock if this thread can take it at once (it is free, or this
+        thread holds it already); else return False without waiting (the holder then runs
+        ``drain`` before it lets go). Ctrl-C is held back while ``fn`` runs on the main thread."""
+        main = _get_ident() == _MAIN
+        if main:
+            _enter()
+        if not self.raw.acquire(False):
+            if main:
+                _leave()
+            return False
+        self._held += 1
+        try:
+            fn()
+        finally:
+            self._held -= 1
+            self.raw.release()
+            if main:
+                _leave()
+        return True
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """As ``RLock.acquire``; no Ctrl-C protection and no backlog run (use ``with``)."""
+        return self.raw.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.raw.release()
+
+
+def _leave() -> None:
+    """End a hold of the main thread (from a lock's method) and run a held-back SIGINT's
+    handler (it raises, by default), given the frame of the lock's caller."""
+    previous = _exit()
+    if previous is not None:
+        previous(SIGINT, sys._getframe(2))
+
+
+def run_in_caller(action: Callable[[], Any], inside: Callable[[FrameType], bool]) -> None:
+    """Run ``action`` (it raises) in this thread's code outside the current callback: at the
+    first Python call or return event of a frame for which ``inside`` (tested on it and on the
+    frames that called it) is false.
+
+    An exception raised inside a ctypes callback cannot propagate: ctypes prints it and returns
+    garbage. This is how an emulated HSA call hands an interrupt to its caller once it has
+    returned. It uses ``sys.setprofile`` for that one event; a profiler that was active is
+    reinstalled, but Python drops it when ``action`` raises.
+    """
+    local = _delivery
+    if getattr(local, "action", None) is not None:
+        return                          # one interrupt is on its way already
+    local.action, local.inside, local.profile = action, inside, sys.getprofile()
+    sys.setprofile(_deliver)
+
+
+_delivery = threading.local()
+
+
+def _deliver(frame: FrameType, event: str, arg: Any) -> None:
+    local = _delivery
+    f: FrameType | None = frame
+    while f is not None:
+        if local.inside(f):
+            return
+        f = f.f_back
+    action, local.action = local.action, None
+    sys.setprofile(local.profile)
+    action()

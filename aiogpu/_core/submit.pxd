@@ -1,0 +1,18 @@
+# Types for submit.py's per-operation functions (the source is submit.py).
+cimport cython
+from aiogpu._core.futures cimport GPUFuture
+
+@cython.locals(fut=GPUFuture, lanes=list, i=Py_ssize_t, n=Py_ssize_t, load=object)
+cpdef object pick_lane(object device, object deps)
+
+@cython.locals(fut=GPUFuture, waits=list, todo=list, own=Py_ssize_t)
+cpdef object launch(object rt, object device, object loaded, object label, object grid, object block,
+                    object values, object lengths, dict deps, object reads, object writes, object keep=*,
+                    object cleanup=*, object copy=*, object foreign=*)
+
+@cython.locals(dep=GPUFuture, d=GPUFuture, host_deps=list)
+cpdef _submitted(object rt, GPUFuture fut, dict deps, list waits, object keys, object reads, object writes,
+                 object keep, list cleanup)
+
+@cython.locals(views=list, roots=list, hosts=list, d=GPUFuture)
+cpdef track(object rt, GPUFuture fut, object reads, object writes, object deps=*, object keep=*, object cleanup=*)

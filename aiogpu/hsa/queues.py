@@ -1,0 +1,595 @@
+"""The AQL queue writer, its back-log and kernarg ring, and the choice of copy engine.
+
+The writer keeps DESIGN.md's protocol:
+1. space is checked (write - read + n <= size) *before* slots are reserved by an atomic add to the
+   write index, so a ring is never overrun;
+2. every packet body (bytes 4..63) is written first, then each header word
+   (``header | setup << 16``) is published by one aligned 32-bit release store, in order;
+3. the doorbell gets the index of the last published packet (release store);
+4. every reserved slot is published, even when writing fails (a no-op barrier packet);
+5. more than five dependencies are chained over several barrier-AND packets.
+A group that does not fit waits in a per-queue back-log, drained as packets retire; the event loop
+never blocks on a full ring. A group longer than the ring goes in parts (see ``AqlQueue.submit``);
+a group that cannot be written fails its futures instead of raising, so that the waiter thread,
+which drains back-logs, never dies of it.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from collections import deque
+from typing import Any
+
+from ..errors import DeviceLost, GPUError
+from ..hsa_bindings import atomics
+from ..hsa_bindings import packets as P
+from ..hsa_bindings import types as T
+from ..futures import GPUFuture
+from .signals import CompletionHub
+
+DEFAULT_RING = 1024
+KERNARG_RING_BYTES = 256 << 10
+BODY_OFFSET = 4  # bytes 0..3 are the header word, published last
+KERNARG_ADDRESS_OFFSET = P.hsa_kernel_dispatch_packet_t.kernarg_address.offset
+
+
+class PacketGroup:
+    """Packets that go into one queue back to back (barriers, then the work), as raw bytes.
+
+    ``blob`` holds ``n`` 64-byte packets whose header words are ignored; ``headers`` are the
+    words (``header | setup << 16``) published after every body. ``future`` completes with the
+    last packet; ``marks`` are further futures completed by packet ``i`` of the group (graph
+    nodes). ``kernargs`` maps a dispatch packet's index to argument bytes placed in the queue's
+    kernarg ring at publication.
+    """
+
+    __slots__ = ("blob", "headers", "future", "marks", "kernargs", "kernarg_align")
+
+    def __init__(self, packets: list, headers: list[int], future: GPUFuture, kernarg: bytes = b"", *,
+                 blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None,
+                 kernarg_align: int = 16):
+        self.blob = blob if blob is not None else bytearray(b"".join(bytes(p) for p in packets))
+        self.headers = headers
+        self.future = future
+        self.marks = marks or []
+        self.kernargs = kernargs if kernargs is not None else ({len(headers) - 1: kernarg} if kernarg else {})
+        self.kernarg_align = kernarg_align   # the largest kernarg_segment_align of its kernels
+
+    def __len__(self) -> int:
+        return len(self.headers)
+
+
+def barrier_and_packets(signals: list[int], completion: int = 0, *, barrier: bool = False) -> list[tuple]:
+    """Barrier-AND packets waiting on every signal, chained five at a time."""
+    out = []
+    chunks = [signals[i:i + P.BARRIER_MAX_DEPS] for i in range(0, len(signals), P.BARRIER_MAX_DEPS)] or [[]]
+    for i, chunk in enumerate(chunks):
+        pkt = P.hsa_barrier_and_packet_t()
+        for j, handle in enumerate(chunk):
+            pkt.dep_signal[j].handle = handle
+        if i == len(chunks) - 1:
+            pkt.completion_signal.handle = completion
+        header = P.make_header(P.HSA_PACKET_TYPE_BARRIER_AND, barrier=barrier and i == 0)
+        out.append((pkt, header))
+    return out
+
+
+def noop_header() -> int:
+    return P.make_header(P.HSA_PACKET_TYPE_BARRIER_AND, acquire=P.HSA_FENCE_SCOPE_NONE,
+                         release=P.HSA_FENCE_SCOPE_NONE)
+
+
+class KernargRing:
+    """Kernel-argument memory for one queue, handed out in FIFO order and reused only after the
+    packet that reads it has retired (``free`` may come out of order; the tail advances over the
+    freed prefix)."""
+
+    ALIGN = 64
+
+    def __init__(self, base: int, size: int):
+        self.base, self.size = base, size
+        self._head = 0    # next free offset (monotonic, modulo size)
+        self._tail = 0    # oldest offset still in use
+        self._live: deque[list] = deque()  # [start, end, freed]
+
+    def alloc(self, nbytes: int, align: int = ALIGN) -> tuple[int, list] | None:
+        """(address, entry) of ``nbytes`` aligned to ``align`` (at least ALIGN; the kernel's
+        kernarg_segment_align), or None while the ring is full."""
+        align = max(align, self.ALIGN)
+        n = (nbytes + self.ALIGN - 1) // self.ALIGN * self.ALIGN
+        if n > self.size:
+            raise ValueError(f"kernel arguments of {nbytes} bytes exceed the kernarg ring ({self.size})")
+        start = (self._head + align - 1) // align * align
+        if start % self.size + n > self.size:   # do not wrap inside an allocation
+            start += self.size - start % self.size
+        if start + n - self._tail > self.size:
+            return None
+        entry = [start, start + n, False]
+        self._live.append(entry)
+        self._head = start + n
+        return self.base + start % self.size, entry
+
+    def free(self, entry: list) -> None:
+        entry[2] = True
+        while self._live and self._live[0][2]:
+            self._live.popleft()
+        self._tail = self._live[0][0] if self._live else self._head
+
+    @property
+    def in_use(self) -> int:
+        return len(self._live)
+
+
+class AqlQueue:
+    """One user-mode AQL queue of a device, safe for any number of producers.
+
+    Producers (tasks on any loop, plain threads) submit under the runtime lock, so packet groups
+    never interleave. When the queue reports an error, every operation on it fails with a
+    GPUError naming the queue, the packet and the HSA status; the HSA queue is destroyed and a new
+    one takes its place, so the device stays usable.
+    """
+
+    def __init__(self, api: Any, hub: CompletionHub, agent: Any, name: str, *, size: int = DEFAULT_RING,
+                 kernarg: KernargRing | None = None):
+        self.api, self.hub, self.agent, self.name = api, hub, agent, name
+        self.size = size
+        self.kernarg = kernarg
+        self.backlog: deque[PacketGroup] = deque()
+        self.inflight: dict[GPUFuture, tuple[int, int]] = {}
+        self.generation = 0
+        self.errors: list[str] = []    # what failed it, newest last (text: no traceback cycles)
+        self.published = 0
+        self.lost: GPUError | None = None   # the device is lost: no HSA queue, nothing accepted
+        self._draining = False         # drain() is running (a failed group may retire inside it)
+        self._callback = T.queue_error_callback_t(self._on_error_from_driver)
+        self._create()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def ring_size(self, requested: int) -> int:
+        """``requested`` rounded up to a power of two and clamped to the agent's
+        [QUEUE_MIN_SIZE, QUEUE_MAX_SIZE] (ROCr rejects anything else: 64 <= size <= 0x20000)."""
+        low, high = ctypes.c_uint32(0), ctypes.c_uint32(0)
+        self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(low))
+        self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(high))
+        size = 1 << max(int(requested) - 1, 0).bit_length()
+        return min(max(size, low.value or 1), high.value or size)
+
+    def _create(self) -> None:
+        self.size = self.ring_size(self.size)
+        qp = ctypes.POINTER(T.hsa_queue_t)()
+        self.api.check(self.api.hsa_queue_create(self.agent, self.size, T.HSA_QUEUE_TYPE_MULTI, self._callback,
+                                                 None, 0xFFFFFFFF, 0xFFFFFFFF, ctypes.byref(qp)),
+                       f"hsa_queue_create({self.name})")
+        self.api.hsa_amd_queue_set_priority(qp, T.HSA_AMD_QUEUE_PRIORITY_NORMAL)
+        self._q = qp
+        self.id = qp.contents.id
+        self.ring = qp.contents.base_address
+        self.doorbell = T.hsa_signal_t(qp.contents.doorbell_signal.handle)
+        self.size = qp.contents.size
+        self.broken = False
+
+    def destroy(self) -> None:
+        if self._q:
+            self.api.hsa_queue_destroy(self._q)
+            self._q = None
+
+    # -- submission ----------------------------------------------------------------------------
+    def submit(self, group: PacketGroup) -> None:
+        """Publish ``group`` now if the ring has room and nothing waits before it, else park it
+        in the back-log. Never blocks and never raises: a group longer than the ring goes in
+        parts that each fit it, and a group that cannot be written fails its futures with a
+        GPUError. Call under the runtime lock."""
+        group.future.queue = self.name
+        for part in self._parts(group):
+            if self.backlog or not self._publish(part):
+                self.backlog.append(part)
+        self._wait_for_room()
+
+    def drain(self) -> None:
+        """Publish back-logged groups while they fit (after packets retired; under lock)."""
+        if self._draining:     # a group failed inside this drain retired: the loop goes on
+            return
+        self._draining = True
+        try:
+            while self.backlog and not self.broken and self._publish(self.backlog[0]):
+                self.backlog.popleft()
+        finally:
+            self._draining = False
+        self._wait_for_room()
+
+    def _wait_for_room(self) -> None:
+        """While groups wait in the back-log, the host waits for this queue's oldest in-flight
+        work: its retirement drains the back-log (``retired``), so the waiter must wake for it
+        rather than find it at its periodic scan (``FutureHub.arm``)."""
+        if self.backlog and self.inflight:
+            self.hub.arm(next(iter(self.inflight)))
+
+    def _publish(self, group: PacketGroup) -> bool:
+        """``_try_publish``, except that a group that cannot be written (an unexpected error;
+        the waiter thread may be the caller) fails its futures: True when it is done with."""
+        if self.lost is not None:      # the device is lost: nothing of it runs any more
+            err: GPUError = DeviceLost(f"{group.future.label}: {self.lost}", status=self.lost.status,
+                                       queue=self.name)
+            err.__cause__ = self.lost
+        else:
+            try:
+                return self._try_publish(group)
+            except Exception as exc:  # noqa: BLE001 - becomes the failure of the work concerned
+                err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
+                               queue=self.name)
+                err.__cause__ = exc
+        for fut in [group.future, *(f for f, _ in group.marks)]:
+            self.hub.fail(fut, err)
+            self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
+        return True
+
+    def _parts(self, group: PacketGroup) -> list[PacketGroup]:
+        """``group`` as parts that each fit the ring, in order. Each part but the last ends with
+        a barrier packet (barrier bit set) whose completion signal is a future of its own: when
+        it retires, the whole part has, so the next part finds the ring empty, and its
+        retirement drains the back-log. Packet order, and so every barrier bit's meaning, is
+        that of the whole group; a part that fails fails the group's future."""
+        n, step = len(group), self.size - 1
+        if n <= self.size or step < 1:
+            return [group]
+        parts, size = [], P.PACKET_SIZE
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            blob, headers = bytearray(group.blob[lo * size:hi * size]), group.headers[lo:hi]
+            fut = group.future if hi == n else self._part_future(group.future, len(parts))
+            if hi < n:
+                pkt, header = barrier_and_packets([], fut.signal, barrier=True)[0]
+                blob += bytes(pkt)
+                headers = [*headers, header]
+            marks = [(f, i - lo) for f, i in group.marks if lo <= i < hi]
+            kernargs = {i - lo: data for i, data in group.kernargs.items() if lo <= i < hi}
+            parts.append(PacketGroup([], headers, fut, blob=blob, marks=marks, kernargs=kernargs))
+        return parts
+
+    def _part_future(self, main: GPUFuture, index: int) -> GPUFuture:
+        fut = self.hub.watch(self.hub.new_future(f"{main.label} (part {index})"))
+        fut.device, fut.kind, fut.queue = getattr(self, "device", None), "barrier", self.name
+        fut._add_dependent(main)         # a failed part fails the whole group
+        main.preds.append(fut)               # and the group completes only after its parts
+        fut._cleanup = [*fut._cleanup, lambda: self.retired(fut)]
+        return fut
+
+    def holds(self, fut: GPUFuture) -> bool:
+        """Whether ``fut``'s packets are in this HSA queue, published and not retired, so that a
+        later packet's barrier bit orders after them. False for work of an earlier HSA queue
+        under the same name: ``abort`` destroyed that one and, while such work waits to retire
+        after its predecessors (``FutureHub.retire_failed``), only its signal says when it has.
+        (Back-logged work is waited for by its signal too: correct, if not the cheapest.)"""
+        return fut in self.inflight
+
+    def has_room(self, n: int) -> bool:
+        write = self.api.hsa_queue_load_write_index_relaxed(self._q)
+        read = self.api.hsa_queue_load_read_index_scacquire(self._q)
+        return write - read + n <= self.size
+
+    def _try_publish(self, group: PacketGroup) -> bool:
+        n = len(group)
+        if n > self.size:
+            raise ValueError(f"{n} packets cannot fit a ring of {self.size}")
+        if n == 0:
+            return True
+        if self.broken or not self.has_room(n):
+            return False
+        if group.kernargs and not self._place_kernargs(group):
+            return False
+        first = self.api.hsa_queue_add_write_index_scacq_screl(self._q, n)
+        try:
+            self._write_bodies(first, group.blob, n)
+            self._publish_headers(first, group.headers)
+        except BaseException:
+            self._publish_noops(first, n)  # rule 4: a reserved slot is never left unpublished
+            raise
+        finally:
+            self.api.hsa_signal_store_screlease(self.doorbell, first + n - 1)
+        self.published += n
+        self.inflight[group.future] = (first, first + n - 1)
+        group.future.packet = first + n - 1
+        for fut, i in group.marks:
+            self.inflight[fut] = (first, first + i)
+            fut.packet, fut.queue = first + i, self.name
+        return True
+
+    def _place_kernargs(self, group: PacketGroup) -> bool:
+        """Copy kernel arguments into the ring (all or none); freed when the group retires,
+        before anything else its retirement does: that includes draining the back-log, whose
+        next group may be waiting for exactly this room."""
+        placed = []
+        try:
+            for index, data in group.kernargs.items():
+                got = self.kernarg.alloc(len(data), group.kernarg_align)
+                if got is None:
+                    break
+                address, entry = got
+                placed.append(entry)
+                ctypes.memmove(address, data, len(data))
+                struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
+            else:
+                entries, placed = placed, []
+                group.future._cleanup = [lambda: [self.kernarg.free(e) for e in entries], *group.future._cleanup]
+                return True
+            return False
+        finally:
+            for entry in placed:       # not placed as a whole (no room, or an error)
+                self.kernarg.free(entry)
+
+    def _slot(self, index: int) -> int:
+        return self.ring + (index % self.size) * P.PACKET_SIZE
+
+    def _write_bodies(self, first: int, blob: bytearray, n: int) -> None:
+        src = (ctypes.c_char * len(blob)).from_buffer(blob)
+        base = ctypes.addressof(src)
+        for i in range(n):
+            ctypes.memmove(self._slot(first + i) + BODY_OFFSET, base + i * P.PACKET_SIZE + BODY_OFFSET,
+                           P.PACKET_SIZE - BODY_OFFSET)
+
+    def _publish_headers(self, first: int, headers: list[int]) -> None:
+        for i, word in enumerate(headers):
+            atomics.store_u32_release(self._slot(first + i), word)
+
+    def _publish_noops(self, first: int, n: int) -> None:
+        empty = P.hsa_barrier_and_packet_t()
+        for i in range(n):
+            ctypes.memmove(self._slot(first + i) + BODY_OFFSET, ctypes.addressof(empty) + BODY_OFFSET,
+                           P.PACKET_SIZE - BODY_OFFSET)
+            atomics.store_u32_release(self._slot(first + i), noop_header())
+
+    def retired(self, fut: GPUFuture) -> None:
+        """``fut``'s packets retired (under lock): forget them and publish what now fits."""
+        self.inflight.pop(fut, None)
+        self.drain()
+
+    # -- errors --------------------------------------------------------------------------------
+    def _on_error_from_driver(self, status: int, _queue: Any, _data: Any) -> None:
+        # Runs on a driver thread: record and hand over to the waiter thread, nothing more.
+        generation = self.generation
+        self.hub.post_event(lambda: self._on_error(status, generation))
+
+    def _on_error(self, status: int, generation: int) -> None:
+        with self.hub.lock:
+            if generation != self.generation or self._q is None:
+                return
+            err = GPUError(f"queue {self.name} failed: {T.status_name(status)}", status=status, queue=self.name)
+            # HSA's callback carries a status only; the emulator can say what happened.
+            emulator = self.api.emulator
+            if emulator is not None:
+                err.__cause__ = emulator.queue_error_cause(self.id)
+            self.abort(err, None)
+
+    def abort(self, err: GPUError, failed_at: int | None = None, *, lost: GPUError | None = None) -> None:
+        """Destroy the HSA queue, settle every operation on it and replace it (under lock);
+        with ``lost`` (the device is lost: a new queue would never run) it is not replaced, and
+        every group submitted later fails at once with ``lost``.
+
+        An operation whose completion signal already reads complete completed before the error
+        and completes normally. Of the others, one is blamed with ``err``'s status: the one whose
+        packets include ``failed_at`` when given (the watchdog names the silent packet), else the
+        oldest one not complete. The read index is not used: it advances as packets launch, so
+        several later packets may be past it when one fails. The rest fail with an error saying
+        the queue failed before they completed (or before they were submitted). Once the queue is
+        destroyed none of its packets can run, so everything they held is freed. Work submitted
+        to this queue while the abort runs (by a done-callback it calls) runs on the new queue.
+        """
+        self.broken = True
+        victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
+        parked = list(self.backlog)
+        self.backlog.clear()
+        self.inflight.clear()
+        self.destroy()              # no packet of it can run any more
+        self.generation += 1
+        self.errors.append(str(err))
+        done = [(f.signal, f) for f, _ in victims if f.signal and self.hub.is_complete(f.signal)]
+        self.hub._settle(done)      # completed before the error: they are not failed
+        pending = [(f, span) for f, span in victims if not f.retired]   # failed ones included
+        blamed = self._blame(pending, failed_at)
+        why = T.status_name(err.status) if err.status is not None else type(err).__name__
+        kind = DeviceLost if lost is not None else GPUError
+        for fut, (first, last) in pending:
+            if blamed is not None and fut is blamed[0]:
+                self.hub.fail(fut, err if failed_at is not None else _caused_by(err.__cause__ or err, GPUError(
+                    f"{fut.label}: queue {self.name} failed at packet {last}: {why}", status=err.status,
+                    queue=self.name, packet=last)))
+            elif blamed is not None:
+                self.hub.fail(fut, _caused_by(err, GPUError(
+                    f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} ({why}) before it "
+                    f"completed", status=err.status, queue=self.name, packet=last)))
+            else:
+                self.hub.fail(fut, _caused_by(err.__cause__ or err, kind(
+                    f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last)))
+        # A parked group's marks (graph nodes whose completions other lanes, engines and
+        # devices wait for) fail with it: none of its packets will be published.
+        unsent = [f for g in parked for f in (g.future, *(m for m, _ in g.marks))]
+        for fut in unsent:
+            self.hub.fail(fut, _caused_by(err, kind(
+                f"{fut.label}: queue {self.name} failed ({why}) before it was submitted",
+                status=err.status, queue=self.name)))
+        for fut in [f for f, _ in pending] + unsent:
+            self.hub.retire_failed(fut)
+        if lost is not None:
+            self.lost = lost
+            return
+        self._create()
+        # Work submitted meanwhile (a done-callback without a loop runs inside ``fail`` above, on
+        # this thread) was parked while the queue was broken; no retirement on the new queue
+        # would drain it.
+        self.drain()
+
+    @staticmethod
+    def _blame(pending: list, failed_at: int | None) -> tuple | None:
+        """The (future, span) to blame: the one whose packets include ``failed_at``, or without
+        it the oldest not yet settled (one failed already, by a dependency, is not the cause)."""
+        if failed_at is None:
+            return next(((f, span) for f, span in pending if not f.done()), None)
+        return next(((f, span) for f, span in pending if span[0] <= failed_at <= span[1]), None)
+
+    def __repr__(self) -> str:
+        return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"
+
+
+def _caused_by(cause: BaseException, err: GPUError) -> GPUError:
+    """``err`` with ``cause`` as its ``__cause__`` (a queue-mate's failure names the queue's)."""
+    err.__cause__ = cause
+    return err
+
+
+ROCR_CHOICE = 0   # "engine" of a copy whose blit ROCr picks: hsa_amd_memory_async_copy
+
+
+class CopyEngines:
+    """The copy engines of one device: how a copy this device runs reaches ROCr's SDMA queues.
+
+    The core's direction rule already made this device the one ROCr copies with: the source GPU,
+    the destination for host-to-device (ROCr: ``Runtime::CopyMemory``, ``copy_agent = src_gpu ?
+    src_agent : dst_agent``). Two libraries:
+
+    **ROCr 5.2.3** (no ``hsa_amd_memory_async_copy_on_engine`` nor
+    ``hsa_amd_memory_copy_engine_status``): ``pick`` answers ``ROCR_CHOICE`` for any copy between
+    two agents and ``submit`` calls ``hsa_amd_memory_async_copy`` with the copy's real agents.
+    ROCr then runs it on the copy agent's blit for that direction (``GpuAgent::DmaCopy`` ->
+    ``GetBlitObject``: host-to-device, device-to-host (also PCIe peer copies), or an xGMI peer
+    blit), an SDMA queue created at first use, or, when it could not create one (none left in
+    KFD, SDMA disabled), a blit kernel on its own queue of that agent (``GpuAgent::InitDma``'s
+    blit_lambda falls back to ``CreateBlitKernel``); a busy blit takes the copy behind its work.
+    Only a copy within one device (ROCr's device-to-device blit is a blit kernel too, so aiogpu's
+    own copy kernel on its compute lane does the same work with no cross-queue wait) and the
+    copy call's OUT_OF_RESOURCES (ROCr could create no blit at all) leave a shader copy.
+
+    **ROCm 5.7 and later**: ``hsa_amd_memory_copy_engine_status`` answers per direction (ROCr:
+    GpuAgent::DmaCopyStatus): which engines may serve it (xGMI peers only xGMI engines; on
+    gfx90a engine 0 host-to-device only) and which of those are free; INVALID_AGENT for a copy
+    within one agent, OUT_OF_RESOURCES when none is free. An engine never used is reported free
+    even if ROCr cannot create its SDMA queue; ROCr then runs that engine's copies as blit
+    kernels and succeeds, and, once used, such an engine is never reported free again. So:
+
+    - an engine reported free for a direction is used for it (round-robin over the free ones);
+    - with none free, the copy queues behind a busy engine that was reported free for this
+      direction *after* it had been used (so it is a real SDMA queue), if there is one;
+    - otherwise (never reported free after use: busy or a blit kernel; a copy within one
+      device) ``pick`` returns None and the caller runs a shader copy. The copy call's own
+      OUT_OF_RESOURCES (ROCr cannot even create its blit kernel) also makes ``submit`` return
+      None, and so does INVALID_ARGUMENT for an engine the status reported: ROCr's status and
+      copy checks disagree in one corner (a single-engine gfx90a reports its device-to-host
+      queue as engine 0, which the copy then refuses), so the engine is dropped for that
+      direction, and every later copy given it (a graph chose it at instantiation) is a shader
+      copy without asking again.
+    """
+
+    def __init__(self, api: Any, agent: Any, name: str):
+        self.api, self.agent, self.name = api, agent, name
+        self._next = 0
+        self.seen: dict[tuple[int, int], set[int]] = {}   # direction -> engines reported free for it
+        self.used: set[int] = set()                        # engines this device submitted to
+        self.proven: set[int] = set()                      # reported free after use: SDMA queues
+        self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
+        self.lost = False                                  # evicted after a memory fault: never again
+        self.counts: dict[str, int] = {}                   # copies submitted, by engine name
+
+    @property
+    def rocr_picks(self) -> bool:
+        """True on a library without the engine calls (ROCr 5.2.3): ROCr picks each copy's blit."""
+        return not self.api.has_engine_copy
+
+    def runs(self, queue: str | None) -> bool:
+        """Whether ``queue`` (a future's ``queue``) names one of these engines."""
+        return queue is not None and queue.startswith((f"{self.name}.sdma", f"{self.name}.rocr-"))
+
+    def lose(self) -> None:
+        """The device faulted and KFD evicted its SDMA queues; ROCr never recreates them (it
+        may still report them free), so every later copy of this device is a shader copy."""
+        self.lost = True
+
+    def free_engines(self, dst_agent: Any, src_agent: Any) -> list[int]:
+        """Engine-id bits ROCr reports free for this direction ([] for none, an error, or a
+        library without the call)."""
+        if not self.api.has_engine_copy:
+            return []
+        mask = ctypes.c_uint32(0)
+        status = self.api.hsa_amd_memory_copy_engine_status(dst_agent, src_agent, ctypes.byref(mask))
+        return T.sdma_engine_bits(mask.value) if status == T.HSA_STATUS_SUCCESS else []
+
+    def may_take(self, dst_agent: Any, src_agent: Any) -> bool:
+        """Whether ``pick`` would answer an engine now (no side effects: nothing is chosen)."""
+        if self.lost:
+            return False
+        if self.rocr_picks:
+            return dst_agent.handle != src_agent.handle
+        direction = (dst_agent.handle, src_agent.handle)
+        if any((*direction, e) not in self.refused for e in self.free_engines(dst_agent, src_agent)):
+            return True
+        return any(e in self.proven for e in self.seen.get(direction, ()))
+
+    def pick(self, dst_agent: Any, src_agent: Any) -> int | None:
+        """An engine id bit for a copy from ``src_agent`` to ``dst_agent``, ``ROCR_CHOICE``
+        (ROCr picks), or None: run a shader copy (see the class docstring)."""
+        if self.lost:
+            return None
+        if self.rocr_picks:
+            return None if dst_agent.handle == src_agent.handle else ROCR_CHOICE
+        direction = (dst_agent.handle, src_agent.handle)
+        free = [e for e in self.free_engines(dst_agent, src_agent) if (*direction, e) not in self.refused]
+        if free:
+            self.proven.update(e for e in free if e in self.used)
+            self.seen.setdefault(direction, set()).update(free)
+            # ROCr's own choice first (host-to-device on engine 0, the rest on engine 1: on gfx90a
+            # engine 0 serves host-to-device only), so the engines each direction can use stay free.
+            preferred = T.HSA_AMD_SDMA_ENGINE_0 << (src_agent.handle == self.agent.handle)
+            if preferred in free:
+                self.used.add(preferred)
+                return preferred
+            engines = free
+        else:
+            engines = sorted(e for e in self.seen.get(direction, ()) if e in self.proven)
+            if not engines:
+                return None
+        self._next += 1
+        engine = engines[self._next % len(engines)]
+        self.used.add(engine)
+        return engine
+
+    def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
+               deps: list[int], completion: int) -> str | None:
+        """Start the copy on ``engine`` (``ROCR_CHOICE``: on the blit ROCr picks); its name, or
+        None (run a shader copy instead) if the engines were lost to a memory fault (a graph
+        chose ``engine`` before), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for
+        this direction. Raises HsaError for any other failure."""
+        if self.lost:
+            return None
+        direction = (dst_agent.handle, src_agent.handle)
+        if (*direction, engine) in self.refused:
+            return None
+        arr = (T.hsa_signal_t * len(deps))(*[T.hsa_signal_t(h) for h in deps]) if deps else None
+        if engine == ROCR_CHOICE:
+            status = self.api.hsa_amd_memory_async_copy(dst, dst_agent, src, src_agent, nbytes, len(deps), arr,
+                                                        T.hsa_signal_t(completion))
+            if status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+                return None
+            self.api.check(status, "hsa_amd_memory_async_copy")
+            return self._count(f"{self.name}.rocr-{self._role(dst_agent, src_agent)}")
+        status = self.api.hsa_amd_memory_async_copy_on_engine(
+            dst, dst_agent, src, src_agent, nbytes, len(deps), arr, T.hsa_signal_t(completion), engine, True)
+        if status == T.HSA_STATUS_ERROR_OUT_OF_RESOURCES:
+            return None
+        if status == T.HSA_STATUS_ERROR_INVALID_ARGUMENT and engine in self.seen.get(direction, ()):
+            self.refused.add((*direction, engine))
+            self.seen[direction].discard(engine)
+            return None
+        self.api.check(status, "hsa_amd_memory_async_copy_on_engine")
+        return self._count(f"{self.name}.sdma{engine.bit_length() - 1}")
+
+    def _role(self, dst_agent: Any, src_agent: Any) -> str:
+        """The blit ROCr picks (GpuAgent::GetBlitObject), named by its role: a PCIe peer copy
+        runs on the source's device-to-host blit, behind that blit's device-to-host copies and
+        they behind it, so it carries that blit's name (the watchdog orders an engine's work by
+        name: a copy queued behind a stalled one is held up, not silent). In an xGMI hive ROCr
+        runs peer copies on its xGMI blits instead; aiogpu does not tell the two apart, and
+        sharing the name then only makes the watchdog start a peer copy's clock once the older
+        device-to-host copies have completed, never too early."""
+        return "h2d" if src_agent.handle != self.agent.handle else "d2h"
+
+    def _count(self, label: str) -> str:
+        self.counts[label] = self.counts.get(label, 0) + 1
+        return label
