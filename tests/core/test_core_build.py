@@ -165,3 +165,18 @@ def test_info_prints_which_core_is_loaded_first():
     got = _child("", args=("-m", "aiogpu", "info", "--backend", "emulator"), AIOGPU_PURE_CORE="1")
     assert got.stdout.splitlines()[0] == "core: interpreted (AIOGPU_PURE_CORE=1)"
     assert "backend: emulator" in got.stdout
+
+
+def test_the_core_keeps_positions_as_given_compiled_or_not():
+    """The .pxd types no position as a C integer (one would take True and 1.5 silently, or
+    truncate): the core sees what the caller passed, as the .py does; validation stays in the
+    API, where test_bad_input checks it, compiled and interpreted."""
+    from aiogpu._core.hazards import Hazards, HostRange
+    hz = Hazards()
+    r = hz.host(True, 1.5)
+    assert r.start is True and r.end == 2.5 and type(r.end) is float
+    big = hz.host(2 ** 70, 1)                   # beyond any C integer: no OverflowError
+    assert big.end == 2 ** 70 + 1 and big.writers() == [] and big.last_write is None
+    with pytest.raises(AttributeError):
+        r.label = "x"                           # slotted, as the .py's __slots__
+    assert isinstance(r, HostRange) and r.hazards is hz
