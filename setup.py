@@ -20,6 +20,7 @@ the hsa-virtual backend is then unavailable and says which packages it needs.
 import glob
 import hashlib
 import os
+import re
 import warnings
 
 from setuptools import Extension, setup
@@ -78,6 +79,10 @@ class OptionalBuildExt(build_ext):
 
 
 VKFD = "aiogpu.vkfd.libhsakmt"
+# The oldest Cython that compiles the core right: with 3.3.0 (the H200 image's) the compiled core
+# crashed the HSA waiter on its first emulator test on Python 3.12 (a segmentation fault in the
+# hub's settling); 3.3.1 passes the whole suite there.
+MIN_CYTHON = (3, 3, 1)
 CORE = "aiogpu._core"
 CORE_DIR = os.path.join("aiogpu", "_core")
 
@@ -95,6 +100,12 @@ def core_digest(name: str) -> str:
     return h.hexdigest()
 
 
+def _version(text: str) -> tuple[int, ...]:
+    """A version string's leading numbers ("3.3.1" -> (3, 3, 1), "3.4.0b1" -> (3, 4, 0))."""
+    m = re.match(r"\d+(?:\.\d+)*", text)
+    return tuple(int(p) for p in m.group(0).split(".")) if m else ()
+
+
 def core_extensions() -> tuple[list, list[str], str]:
     """(extensions, module names, Cython version) of the core modules that have a .pxd; none,
     with a warning, where Cython 3 is missing or cannot translate them."""
@@ -108,8 +119,9 @@ def core_extensions() -> tuple[list, list[str], str]:
     except ImportError:
         warnings.warn("Cython is not installed: the core (aiogpu/_core) runs interpreted")
         return [], [], ""
-    if int(Cython.__version__.split(".")[0]) < 3:
-        warnings.warn(f"Cython {Cython.__version__} is older than 3: the core (aiogpu/_core) runs interpreted")
+    if _version(Cython.__version__) < MIN_CYTHON:
+        warnings.warn(f"Cython {Cython.__version__} is older than {'.'.join(map(str, MIN_CYTHON))}: "
+                      f"the core (aiogpu/_core) runs interpreted")
         return [], [], ""
     exts = [Extension(f"{CORE}.{n}", [os.path.join(CORE_DIR, n + ".py")], optional=True) for n in names]
     try:

@@ -72,7 +72,7 @@ def test_registrations_and_graph_pins_stay_out_of_weakref_finalize(tmp_path):
             aiogpu.copy(buf, a).wait(30)
         print("registered", rt.host.registered_bytes > 0)
         print("finalizers", len(weakref.finalize._registry) - before)
-        del arrays
+        del arrays, a                      # (the loop's variable holds the last one)
         # (a registration goes once its array is gone and the work using it has retired:
         # the waiter may still be retiring the last copy, on a GPU)
         rt.leaks(timeout=10, buffers=False)

@@ -143,7 +143,7 @@ def test_the_build_without_cython_warns_and_leaves_the_core_to_its_sources(monke
 
 
 def test_the_build_with_cython_compiles_each_typed_core_module(monkeypatch):
-    pytest.importorskip("Cython", minversion="3.0", reason="the test extras install Cython 3")
+    pytest.importorskip("Cython", minversion="3.3.1", reason="the test extras install Cython 3.3.1 or newer")
     got = _setup_arguments(monkeypatch, cython=True)
     exts = {ext.name: ext for ext in got["ext_modules"]}
     for name in TYPED:
