@@ -5,6 +5,7 @@ function iterated its registry while the waiter thread changed it: "dictionary c
 during iteration", reproduced by the emulator case below on the old code in every run)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -39,7 +40,9 @@ CHILD = textwrap.dedent("""
 def _env(backend: str) -> dict:
     env = dict(os.environ, AIOGPU_BACKEND=backend)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = [root] + ([os.path.join(root, "tests", "fakes")] if backend == "cuda" else [])
+    # (the fake CUDA driver where the real one is missing; on a GPU machine, the GPU)
+    fake = backend == "cuda" and importlib.util.find_spec("cuda") is None
+    paths = [root] + ([os.path.join(root, "tests", "fakes")] if fake else [])
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     return env
 

@@ -196,13 +196,17 @@ def _c_library():
     return lib if hasattr(lib, "fakecuda_calls") else None   # only the fake fits this fake
 
 
-def cuGetProcAddress(symbol, cudaVersion, flags):
-    """(CUresult, the symbol's address in the fake libcuda.so.1, its status): NOT_FOUND where
-    that library is not loadable or lacks the symbol, as the real call answers for a symbol the
-    driver lacks."""
-    lib = _c_library()
-    name = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
-    fn = getattr(lib, name, None) if lib is not None else None
-    if fn is None:
-        return (CUresult.CUDA_ERROR_NOT_FOUND, 0, 1)
-    return (CUresult.CUDA_SUCCESS, ctypes.cast(fn, ctypes.c_void_p).value, 0)
+# Only where the loader's libcuda.so.1 is the fake: aiogpu's C hot path loads libcuda.so.1 itself
+# once the bindings offer cuGetProcAddress, and a real driver must never get this fake's handles
+# (on a GPU machine the fake then runs the cuda-bindings path, as it always did).
+if _c_library() is not None:
+    def cuGetProcAddress(symbol, cudaVersion, flags):
+        """(CUresult, the symbol's address in the fake libcuda.so.1, its status): NOT_FOUND where
+        that library is not loadable or lacks the symbol, as the real call answers for a symbol the
+        driver lacks."""
+        lib = _c_library()
+        name = symbol.decode() if isinstance(symbol, bytes) else str(symbol)
+        fn = getattr(lib, name, None) if lib is not None else None
+        if fn is None:
+            return (CUresult.CUDA_ERROR_NOT_FOUND, 0, 1)
+        return (CUresult.CUDA_SUCCESS, ctypes.cast(fn, ctypes.c_void_p).value, 0)
