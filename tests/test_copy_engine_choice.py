@@ -47,3 +47,12 @@ def test_a_failed_copy_call_raises_an_error_naming_it(make_runtime, monkeypatch)
     with pytest.raises(HsaError, match="hsa_amd_memory_async_copy_on_engine") as got:
         engines.submit(engine, 0, dst, 0, src, 8, [], 0)
     assert got.value.status == T.HSA_STATUS_ERROR
+
+
+def test_runs_names_only_this_devices_engines(make_runtime):
+    rt = make_runtime(gpus=2, rocr_version="5.7")
+    engines = rt.devices[0].engines
+    assert engines.runs(None) is False
+    assert engines.runs(rt.devices[0].queues[0].name) is False
+    assert engines.runs("gpu1.sdma0") is False
+    assert engines.runs("gpu0.sdma0") and engines.runs("gpu0.rocr-h2d")
