@@ -106,3 +106,18 @@ def test_a_failed_release_is_logged_with_what_failed(make_runtime, monkeypatch, 
         exe.close()
     messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(messages) == 1 and "graph executable failed" in messages[0], messages
+
+
+def test_a_replay_failed_by_its_lanes_queue_names_the_lane(make_runtime):
+    rt = make_runtime(gpus=1, queues_per_device=1)
+    d0 = rt.devices[0]
+    buf = d0.alloc(N * 8)
+    assert aiogpu.copy(buf, np.zeros(N, np.int64)).wait(20)
+    with aiogpu.Graph() as g:
+        d0.launch(add_const_n, grid=(N,), block=(N,), args=(buf, 1, N))
+    with g.instantiate() as exe:
+        with rt.lock:
+            rt.api.emulator.faults.queue_error_at(1, agent=0)
+            replay = exe.launch()
+        assert replay.wait(20)
+        assert f"graph lane {d0.queues[0].name} (replay 0)" in str(replay.exception())
