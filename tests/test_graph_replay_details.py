@@ -121,3 +121,43 @@ def test_a_replay_failed_by_its_lanes_queue_names_the_lane(make_runtime):
             replay = exe.launch()
         assert replay.wait(20)
         assert f"graph lane {d0.queues[0].name} (replay 0)" in str(replay.exception())
+
+
+def test_a_replay_after_the_source_of_its_copy_was_freed_is_refused(make_runtime):
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    src, dst = d0.alloc(64), d0.alloc(64)
+    with aiogpu.Graph() as g:
+        aiogpu.copy(dst, src)
+    with g.instantiate() as exe:
+        assert exe.launch().wait(20)
+        src.free()
+        with pytest.raises(ValueError):
+            exe.launch()
+
+
+def test_a_shader_copy_node_from_a_host_array_replays(make_runtime, monkeypatch):
+    rt = make_runtime(gpus=1)
+    d0 = rt.devices[0]
+    monkeypatch.setattr(d0.engines, "pick", lambda dst_agent, src_agent: None)   # no engine: a shader copy
+    host = np.arange(N, dtype=np.int64)
+    buf = d0.alloc(N * 8)
+    with aiogpu.Graph() as g:
+        node = aiogpu.copy(buf, host)
+    with g.instantiate() as exe:
+        assert node.kind == "shader-copy" and exe.lane_of[node].device is d0
+        assert exe.launch().wait(20)
+    got = buf.to_numpy(np.int64)
+    assert got.wait(20) and (got.result() == host).all()
+
+
+def test_a_node_runs_in_the_lane_of_its_dependency_on_the_same_device(make_runtime):
+    rt = make_runtime(gpus=1, queues_per_device=2)
+    d0 = rt.devices[0]
+    buf = d0.alloc(N * 8)
+    with aiogpu.Graph() as g:
+        a = d0.launch(add_const_n, grid=(N,), block=(N,), args=(buf, 1, N))
+        b = d0.launch(add_const_n, grid=(N,), block=(N,), args=(buf, 1, N))
+    with g.instantiate() as exe:
+        assert exe.lane_of[b].queue is exe.lane_of[a].queue
+        assert len(exe.lanes) == 1
