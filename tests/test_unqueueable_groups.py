@@ -6,9 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 import aiogpu
-import aiogpu.queues as Q
 from aiogpu.hsa_bindings import packets as P
 from gpu_kernels import Gate, add_const_n
+
+try:                                    # the AQL queue writer, wherever it lives
+    import aiogpu.hsa.queues as Q
+except ImportError:
+    import aiogpu.queues as Q
 
 N = 8
 

@@ -7,9 +7,13 @@ import logging
 import numpy as np
 
 import aiogpu
-import aiogpu.signals as S
 from aiogpu.hsa_bindings import types as T
 from gpu_kernels import Gate, add_const_n
+
+try:                                    # the HSA signal pool and waiter, wherever they live
+    import aiogpu.hsa.signals as S
+except ImportError:
+    import aiogpu.signals as S
 
 N = 8
 
