@@ -1,8 +1,11 @@
 """Mutation score of the protocol core, per file: ``python tools/mutation_score.py [--sample N]``.
 
-Runs ``mutmut`` (configured in pyproject.toml's ``[tool.mutmut]``: which files, which tests) over
-every mutant, or over a seeded random sample of N mutants per file (the whole run takes hours on
-a 2-core machine), then prints killed / checked per file and the mutants not killed. A timeout
+Runs ``mutmut`` (configured in pyproject.toml's ``[tool.mutmut]``: which tests run per mutant, and in
+``only_mutate`` the one table of the files mutated, which this script reads too) over every mutant,
+or over a seeded random sample of N mutants per file (the whole run takes hours on a 2-core
+machine), then prints killed / checked per file and the mutants not killed. A file's sample
+depends only on the seed, the file's path and its mutants: the same with ``--only`` as without,
+and unchanged when another file is added, changed or moved. A timeout
 (the tests hung) or a crash (segfault) counts as killed; a mutant no selected test reaches counts
 as survived. ``--report`` prints the last run's results only. Needs the ``mutation`` extra.
 
@@ -26,12 +29,25 @@ import tomllib
 KILLED = {"killed", "timeout", "segfault"}
 MUTMUT = [sys.executable, "-m", "mutmut"]     # the one installed beside this interpreter
 REASONS = pathlib.Path(__file__).with_name("mutants_not_killed.toml")
+PYPROJECT = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def files() -> dict[str, str]:
+    """{module name as mutmut names its mutants: path}, from ``[tool.mutmut] only_mutate``."""
+    with open(PYPROJECT, "rb") as f:
+        paths = tomllib.load(f)["tool"]["mutmut"]["only_mutate"]
+    return {path.removesuffix(".py").replace("/", "."): path for path in paths}
 
 
 def results() -> dict[str, str]:
     """{mutant name: status} as mutmut reports them."""
     out = subprocess.run([*MUTMUT, "results", "--all", "true"], capture_output=True, text=True, check=True)
     return dict(re.findall(r"^\s*(\S+): (.+?)\s*$", out.stdout, re.M))
+
+
+def sample(group: list[str], n: int, seed: int, path: str) -> list[str]:
+    """``n`` of a file's mutants, drawn by a generator of that file's own (seeded by seed and path)."""
+    return random.Random(f"{seed}:{path}").sample(sorted(group), min(n, len(group)))
 
 
 def module(name: str) -> str:
@@ -66,17 +82,18 @@ def main() -> int:
     ap.add_argument("--sample", type=int, default=0, help="mutants per file (0: all)")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--max-children", type=int, default=2)
-    ap.add_argument("--only", default="", help="files whose module name contains this (e.g. signals)")
+    ap.add_argument("--only", default="", help="files whose path contains this (e.g. signals)")
     ap.add_argument("--report", action="store_true", help="report the last run's results; run nothing")
     args = ap.parse_args()
     if not args.report:     # mutmut generates the mutants, then refuses the unknown name
         subprocess.run([*MUTMUT, "run", "--max-children", "1", "__none__"], capture_output=True)
-    names = sorted(n for n in results() if args.only in module(n))
+    table_of_files = files()
+    names = sorted(n for n in results() if module(n) in table_of_files and args.only in table_of_files[module(n)])
     if args.sample:
-        rng, by_file = random.Random(args.seed), collections.defaultdict(list)
+        by_file = collections.defaultdict(list)
         for name in names:
             by_file[module(name)].append(name)
-        names = sorted(n for group in by_file.values() for n in rng.sample(group, min(args.sample, len(group))))
+        names = sorted(n for mod, group in by_file.items() for n in sample(group, args.sample, args.seed, table_of_files[mod]))
     if not args.report:
         subprocess.run([*MUTMUT, "run", "--max-children", str(args.max_children), *names], check=False)
     status = results()
@@ -86,7 +103,7 @@ def main() -> int:
     total = collections.Counter()
     for mod, counts in sorted(table.items()):
         total.update(counts)
-        print(_line(mod, counts))
+        print(_line(table_of_files[mod], counts))
     print(_line("overall", total))
     known = reasons()
     for name in names:
@@ -100,7 +117,7 @@ def _line(what: str, counts: collections.Counter) -> str:
     killed = sum(counts[k] for k in KILLED)
     checked = sum(counts.values()) - counts["not checked"]
     score = 100.0 * killed / checked if checked else 0.0
-    return f"{what:20} {killed:4}/{checked:<4} killed ({score:.1f}%)  {dict(counts)}"
+    return f"{what:24} {killed:4}/{checked:<4} killed ({score:.1f}%)  {dict(counts)}"
 
 
 if __name__ == "__main__":

@@ -223,7 +223,7 @@ def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: list, keys: Iterable[
     retires), its dependents (it fails when a semantic dependency fails), the host steps it
     must run after, its hazards and held memory (``track``); then it is watched."""
     hub = rt.hub
-    if keys:
+    if keys and not fut.retired:     # (retired while encoded: see below; it names nothing now)
         for key in keys:
             hub.retain_key(key)
             fut._add_dep_signal(key)

@@ -233,18 +233,19 @@ class HsaGraphExec(GraphExec):
             deps.setdefault(self._last, False)       # replays run in launch order
         head = [d for d in deps if not d.retired]
         node_futs = {n: hub.watch(hub.new_future(f"{n.label} (replay {self.replays})")) for n in self.signaled}
-        parts = []
-        for lane in self.lanes.values():
-            parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed))
-        for node, engine in self.engine_of.items():
-            parts.append(self._submit_sdma(node, engine, node_futs, head, deps))
-        self.runtime.shader_copies += self._shader_copies
+        # The replay depends on each part before that part is submitted: a part that fails at
+        # submission (its device is lost) fails and retires at once, and must fail the replay,
+        # whose barrier names its signal, rather than leave it waiting on a recycled signal.
         replay = hub.watch(hub.new_future(label))
         replay.kind = "graph"
         first_dev = self.home_device()
         replay.device = first_dev
-        for part in parts:
-            hub.depend(replay, part)
+        parts = []
+        for lane in self.lanes.values():
+            parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed, replay))
+        for node, engine in self.engine_of.items():
+            parts.append(self._submit_sdma(node, engine, node_futs, head, deps, replay))
+        self.runtime.shader_copies += self._shader_copies
         packets = barrier_and_packets([p.signal for p in parts], replay.signal)
         # The replay's own future may retire (fail with its queue) before its parts stop running:
         # they are its predecessors, so later writers of its memory then wait for them.
@@ -255,7 +256,7 @@ class HsaGraphExec(GraphExec):
         return replay
 
     def _submit_lane(self, lane: _Lane, node_futs: dict, head: list, deps: dict, patches: dict,
-                     packed: dict) -> GPUFuture:
+                     packed: dict, replay: GPUFuture) -> GPUFuture:
         hub = self.runtime.hub
         blob = bytearray(lane.blob)
         for i, node in lane.completions:
@@ -297,13 +298,15 @@ class HsaGraphExec(GraphExec):
             fut.device, fut.kind = lane.device, "dispatch"
             fut.preds.extend(head + waits)     # a node is ordered after the lane's waits
         lane.device._track_on(segment, lane.queue, [], [], head + waits)
+        hub.depend(replay, segment)
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs,
                                       kernarg_align=align))
         for fut, _ in marks:      # node futures retire with their lane
             fut._cleanup = [*fut._cleanup, lambda q=lane.queue, f=fut: q.inflight.pop(f, None)]
         return segment
 
-    def _submit_sdma(self, node: GraphNode, engine: int, node_futs: dict, head: list, deps: dict) -> GPUFuture:
+    def _submit_sdma(self, node: GraphNode, engine: int, node_futs: dict, head: list, deps: dict,
+                     replay: GPUFuture) -> GPUFuture:
         hub = self.runtime.hub
         fut = node_futs[node]
         dev = self.copy_device(node)
@@ -317,6 +320,7 @@ class HsaGraphExec(GraphExec):
             hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
         fut.preds.extend(waits)
+        hub.depend(replay, fut)
         try:
             name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,
                                       dst.nbytes, [w.signal for w in waits], fut.signal)

@@ -251,7 +251,6 @@ ALLOWED_BOOKKEEPING = {
     ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "new_future"):
         "the HSA graph executor makes a future per signaled node and one per replay",
     ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "watch"): "(the same futures)",
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "depend"): "(the replay fails with its parts)",
     ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "new_future"):
         "the HSA graph executor makes a future per lane segment of a replay",
     ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "watch"): "(the same future)",
