@@ -145,9 +145,7 @@ class GPUFuture:
         Like ``exception()`` (and ``await``), it marks the failure as *retrieved*: someone saw it
         (see ``aiogpu.TaskGroup``)."""
         if self._state == PENDING and not self.done():
-            if self._views is not None and _viewing_task() in self._views:
-                raise _asyncio.CancelledError()
-            raise InvalidStateError(f"{self!r} is not done")
+            raise self._not_done()
         if self._exc is not None:
             mark_retrieved(self._exc)
             raise self._exc
@@ -157,12 +155,17 @@ class GPUFuture:
         """The failure (a GPUError), None on success; InvalidStateError while pending
         (CancelledError to a task that cancelled it, see ``cancel()``)."""
         if self._state == PENDING and not self.done():
-            if self._views is not None and _viewing_task() in self._views:
-                raise _asyncio.CancelledError()
-            raise InvalidStateError(f"{self!r} is not done")
+            raise self._not_done()
         if self._exc is not None:
             mark_retrieved(self._exc)
         return self._exc
+
+    def _not_done(self) -> BaseException:
+        """What ``result()`` and ``exception()`` raise while the work is pending: CancelledError
+        to a task that cancelled it (see ``cancel()``), else InvalidStateError."""
+        if self._views is not None and _viewing_task() in self._views:
+            return _asyncio.CancelledError()
+        return InvalidStateError(f"{self!r} is not done")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block this thread until done or ``timeout`` seconds; returns done().
