@@ -74,6 +74,11 @@ def test_pending_work_on_the_lost_device_fails_and_work_depending_on_it_elsewher
         async def go():
             d0, d1 = rt.devices
             src, dst = d0.alloc(64), d1.alloc(64)
+            # (loaded first: a kernel loaded after the fault has struck cannot load on the lost
+            # device, which is not what this test is about)
+            for dev in (d0, d1):
+                await dev.load(gpu_kernels.add_const_n)
+                await dev.load(gpu_kernels.sleep_ms)
             rt.api.library.faults.memory_fault_at(3, agent=0)   # the third: the first two still run
             slow = [d0.launch(gpu_kernels.sleep_ms, grid=(1,), block=(1,), args=(200,)) for _ in range(3)]
             writes = d0.launch(gpu_kernels.add_const_n, grid=(8,), block=(8,), args=(src, 1, 8), after=[slow[0]])
