@@ -18,14 +18,14 @@ _spec = importlib.util.spec_from_file_location("build_libcuda", ROOT / "tests" /
 build_libcuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_libcuda)
 ORDER = ("launch", "memcpy", "write64", "wait64", "wait_event", "record", "query", "host_func")
+# Every test here builds the fake library (or a scratch one) with the machine's C compiler.
+pytestmark = pytest.mark.skipif(build_libcuda.compiler() is None,
+                                reason="no C compiler (tried $CC, cc, gcc, clang): the fake libcuda.so.1 cannot be built")
 
 
 @pytest.fixture(scope="module")
 def lib_dir() -> str:
-    """The fake library's folder, built (and aiogpu's C extension with it) where missing; a skip
-    only where there is no C compiler."""
-    if build_libcuda.compiler() is None:
-        pytest.skip("no C compiler (tried $CC, cc, gcc, clang): the fake libcuda.so.1 cannot be built")
+    """The fake library's folder, built (and aiogpu's C extension with it) where missing."""
     path = build_libcuda.build()
     if importlib.util.find_spec("aiogpu.cuda._hotc") is None:
         from aiogpu.cuda import build_hotc
@@ -279,13 +279,11 @@ def test_hostcost_runs_both_trees_of_an_ab_on_the_c_path(lib_dir):
 
 
 def test_the_build_says_why_it_cannot_and_keeps_the_library_it_had(tmp_path, monkeypatch):
-    """No compiler: RuntimeError saying so (the fixture above turns that alone into a skip). A
+    """No compiler: RuntimeError saying so. A
     compile that fails: RuntimeError with the compiler's output, the library already there
     untouched and no temporary file left. An up-to-date library is not compiled again."""
     source, lib = tmp_path / "fake.c", tmp_path / "out" / "libcuda.so.1"
     source.write_text("int cuInit(unsigned flags) { return 0; }\n")
-    if build_libcuda.compiler() is None:
-        pytest.skip("no C compiler (tried $CC, cc, gcc, clang)")
     assert build_libcuda.build(str(source), str(lib)) == str(lib.parent)
     good = lib.read_bytes()
     os.utime(lib, (1, 1))                                   # older than its source: rebuilt ...
