@@ -126,11 +126,15 @@ class DeviceHooks:
         copy; ``foreign``: other libraries' streams whose queued work it must follow."""
         raise NotImplementedError
 
+    # Whether the backend fills memory itself (``_encode_fill``); else the core runs the
+    # built-in fill kernel through ``_encode_kernel``.
+    native_fill = False
+
     def _encode_fill(self, fut: Any, lane: Any, buf: Any, word: int, waits: Sequence,
-                     cleanup: list) -> Iterable[int] | None:
-        """Queue a fill of ``buf`` with the 32-bit ``word`` on ``lane``; None: the backend has
-        no fill of its own (the core runs the built-in fill kernel)."""
-        return None
+                     cleanup: list) -> Iterable[int]:
+        """Queue a fill of ``buf`` with the 32-bit ``word`` on ``lane`` (only where
+        ``native_fill``)."""
+        raise NotImplementedError
 
     def _destroy(self) -> None:
         """Release this device's driver objects (the runtime is closing; no lock needed)."""

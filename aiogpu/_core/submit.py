@@ -19,7 +19,7 @@ from . import deferred
 from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
 from ..memory import Buffer
-from .futures import PENDING, GPUFuture, completed_future
+from .futures import PENDING, GPUFuture
 
 
 def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: list,
@@ -102,28 +102,20 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
 
 
 def fill(rt: Any, device: Any, buf: Buffer, word: int, deps: dict) -> GPUFuture:
-    """A fill of ``buf`` with a 32-bit word: the backend's own fill where it has one, else
-    the built-in fill kernel."""
-    lane = pick_lane(device, deps)
-    fut = rt.hub.new_future(f"fill {buf.nbytes} B")
-    fut.device, fut.kind = device, "dispatch"
-    waits = [d for d in deps if not d.retired]
-    todo: list = []
-    try:
-        keys = device._encode_fill(fut, lane, buf, word, waits, todo)
-    except GPUError as exc:
-        return _refused(rt, fut, exc, todo, [buf])
-    except BaseException:
-        _withdraw(rt, fut, todo)
-        raise
-    if keys is None:                         # no fill of its own: the fill kernel
-        _withdraw(rt, fut, todo)
+    """A fill of ``buf`` with a 32-bit word: the backend's own fill where it has one
+    (``native_fill``), else the built-in fill kernel."""
+    label = f"fill {buf.nbytes} B"
+    if not device.native_fill:
         count = buf.nbytes // 4
-        return launch(rt, device, device._loaded_kernel(fill_kernel), f"fill {buf.nbytes} B",
-                      device._fill_grid(count), (256,), [buf.address, word, count], [buf.nbytes], deps,
-                      [buf], [buf])
-    _submitted(rt, fut, deps, waits, keys, [], [buf], (), todo)
-    return fut
+        return launch(rt, device, device._loaded_kernel(fill_kernel), label, device._fill_grid(count), (256,),
+                      [buf.address, word, count], [buf.nbytes], deps, [buf], [buf])
+    return encoded(rt, device, pick_lane(device, deps), label, "dispatch", deps, [], [buf], (), (),
+                   functools.partial(_encode_fill, device, buf, word))
+
+
+def _encode_fill(device: Any, buf: Buffer, word: int, fut: GPUFuture, lane: Any, waits: list,
+                 cleanup: list) -> Iterable[int]:
+    return device._encode_fill(fut, lane, buf, word, waits, cleanup)
 
 
 def copy(rt: Any, op: Any, deps: dict) -> GPUFuture:
@@ -201,19 +193,8 @@ def join(rt: Any, device: Any, live: list, deps: dict) -> GPUFuture:
     """One future after every future of ``live`` (pending ones of ``deps``), completed on the
     device (``Runtime.gather``)."""
     lane = rt._join_lane(device, live, deps)
-    fut = rt.hub.new_future(f"gather of {len(deps)}")
-    fut.device, fut.kind = getattr(lane, "device", device), "join"
-    waits = [d for d in deps if not d.retired]
-    todo: list = []
-    try:
-        keys = rt._encode_join(fut, lane, waits, todo)
-    except GPUError as exc:
-        return _refused(rt, fut, exc, todo, [])
-    except BaseException:
-        _withdraw(rt, fut, todo)
-        raise
-    _submitted(rt, fut, deps, waits, keys, [], [], (), todo)
-    return fut
+    return encoded(rt, getattr(lane, "device", device), lane, f"gather of {len(deps)}", "join", deps, [], [],
+                   (), (), rt._encode_join)
 
 
 # -- after the encode ----------------------------------------------------------------------------
@@ -326,8 +307,3 @@ def _retired(ranges: Any, cleanup: list, bufs: list, hosts: list) -> None:
         hazards.prune(buf)         # finished work (and its results) is not kept alive
     for state in hosts:
         ranges.prune_host(state)
-
-
-def failed(hub: Any, label: str, exc: BaseException | None = None) -> GPUFuture:
-    """A future settled at once (``completed_future``), for operations that never ran."""
-    return completed_future(hub, label, exc)

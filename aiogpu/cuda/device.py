@@ -236,6 +236,8 @@ class CudaDevice(Device):
                                   fusable=not patches, on_complete=copy.on_complete,
                                   nbytes=copy.nbytes, staging=copy.staging)
 
+    native_fill = True     # (cuMemsetD32Async)
+
     def _encode_fill(self, fut: Any, lane: Lane, buf: Buffer, word: int, waits: Sequence,
                      cleanup: list) -> tuple:
         """``cuMemsetD32Async`` on a compute lane."""

@@ -10,7 +10,6 @@ from ..futures import GPUFuture
 from ..hsa_bindings import packets as P
 from ..hsa_bindings import types as T
 from ..kernels import Kernel
-from ..memory import Buffer
 from .queues import AqlQueue, CopyEngines, KernargRing, PacketGroup, barrier_and_packets
 from .kernels import LoadedKernel, code_object, load_kernel, needs_compile, pack_args
 
@@ -107,11 +106,6 @@ class HsaDevice(Device):
         packets.append((pkt, header | dims << 16))
         self._encode_group(fut, queue, packets, cleanup, kernarg, loaded.kernarg_align)
         return keys
-
-    def _encode_fill(self, fut: GPUFuture, lane: Any, buf: Buffer, word: int, waits: Sequence,
-                     cleanup: list) -> None:
-        """No fill of its own: the built-in fill kernel (the core runs it)."""
-        return None
 
     def _lane_load(self, lane: AqlQueue) -> int:
         """Packet groups in flight or back-logged on the queue."""
