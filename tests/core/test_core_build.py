@@ -109,7 +109,8 @@ def test_a_compiled_module_older_than_its_sources_is_not_loaded_nor_any_other(tm
     with open(f"{copied / SOURCE[name]}.pxd", "a") as f:
         f.write("\n# edited\n")
     code = REPORT + ("import aiogpu\nrt = aiogpu.Runtime('emulator')\nb = rt.devices[0].alloc(64)\n"
-                     "assert b.fill(7).wait(30)\nprint(int(b.to_numpy('u4').result()[3]))\nrt.close()\n")
+                     "assert b.fill(7).wait(30)\nf = b.to_numpy('u4')\nassert f.wait(30)\n"
+                     "print(int(f.result()[3]))\nrt.close()\n")
     out = _child(code, tmp_path, cwd=tmp_path).stdout.splitlines()
     got = {m[0]: m for m in json.loads(out[0])}
     line = out[1]
