@@ -71,7 +71,7 @@ class HsaDevice(Device):
         """Load ``kernel`` (under the runtime lock). A memory fault reported on this device but
         not handled yet loses it first: ``hsa_executable_freeze`` copies the code through
         queues KFD has evicted, and would never return. Raises DeviceLost on a lost device."""
-        self.runtime.handle_reported_faults()
+        self.runtime._handle_reported_faults()
         if self.broken is not None:
             raise broken_error(f"loading {kernel.name} on {self.name}", self.broken)
         return load_kernel(self._api, self.agent, kernel, self.isa)

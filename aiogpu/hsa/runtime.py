@@ -283,10 +283,10 @@ class HsaRuntime(Runtime):
         if ev.event_type == T.HSA_AMD_GPU_MEMORY_FAULT_EVENT:
             self._faults_arrived.append(
                 (ev.memory_fault.agent.handle, ev.memory_fault.virtual_address, ev.memory_fault.fault_reason_mask))
-            self.hub.post_event(self.handle_reported_faults)
+            self.hub.post_event(self._handle_reported_faults)
         return T.HSA_STATUS_SUCCESS
 
-    def handle_reported_faults(self) -> None:
+    def _handle_reported_faults(self) -> None:
         """Handle the memory faults ROCr has reported and nobody has handled yet (each once):
         the waiter thread does, and so does anything that is about to ask ROCr for what a lost
         device never finishes (loading code: ``HsaDevice._load``), so that it finds the device
