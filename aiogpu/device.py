@@ -9,7 +9,6 @@ encoding a dispatch or a fill on a lane); nothing here knows HSA or CUDA.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import sys
 import traceback
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from . import capture as _capture
 from . import deferred, ordering
 from ._core import submit as _submit
 from .backend import DeviceHooks
@@ -194,14 +194,17 @@ class Device(DeviceHooks):
         self.broken: Any = None        # a GPUError once the device is unusable (sticky errors)
         self.memory = DeviceMemory(self._raw_alloc, self._raw_free)
         self.compute: list[Any] = []   # compute lanes, set by the backend
-        self._rr: Any = None
+        self._rr = 0                   # the compute lane the round-robin order starts at next
+        # Whether the backend tells its lanes' load (``_lane_load``): else the core's lane
+        # choice is the round-robin order alone (every lane reads idle).
+        self.balances_load = type(self)._lane_load is not DeviceHooks._lane_load
         self._kernels: dict[Kernel, Any] = {}
         self._compiling: dict[Kernel, Any] = {}   # compile futures (deferred.Deferred) in flight or failed
         self._shapes: dict[tuple, tuple] = {}
 
     def _set_compute_lanes(self, lanes: list) -> None:
         self.compute = list(lanes)
-        self._rr = itertools.cycle(range(len(self.compute)))
+        self._rr = 0
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.isa} ({self.runtime.backend})>"
@@ -357,6 +360,17 @@ class Device(DeviceHooks):
         caused by the compiler's error, and later launches of the kernel raise that error.
         ``await dev.load(kernel)`` compiles ahead of time.
         """
+        if not after and _capture._active.get() is None:
+            # The common case in one call (``submit.launch_plain``: a shape seen before, plain
+            # arguments); anything else, None from it, takes the general path below.
+            try:
+                shape = self._shapes.get((kernel, grid, block))
+            except TypeError:               # unhashable (lists)
+                shape = None
+            if shape is not None:
+                fut = _submit.launch_plain(self, kernel, shape, args)
+                if fut is not None:
+                    return fut
         rt = self.runtime
         grid, block = self._launch_shape(kernel, grid, block)
         values, lengths, buffers = check_args(self, kernel, args)

@@ -2,8 +2,12 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 
-@cython.locals(fut=GPUFuture, lanes=list, i=Py_ssize_t, n=Py_ssize_t, load=object)
+@cython.locals(fut=GPUFuture, lanes=list, i=Py_ssize_t, n=Py_ssize_t, start=Py_ssize_t, load=object)
 cpdef object pick_lane(object device, object deps)
+
+@cython.locals(plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
+               deps=dict)
+cpdef object launch_plain(object device, object kernel, tuple shape, object args)
 
 @cython.locals(fut=GPUFuture, waits=list, todo=list, own=Py_ssize_t)
 cpdef object launch(object rt, object device, object loaded, object label, object grid, object block,

@@ -58,7 +58,8 @@ def pick_lane(device: Any, deps: dict) -> Any:
     """The compute lane of the newest live dependency on ``device`` (lane order then suffices
     for it), else the least loaded compute lane (an idle one if there is one; ties in
     round-robin order), so independent work spreads and never queues behind a long kernel
-    while another lane is free. ``deps``: an operation's dependencies, oldest first."""
+    while another lane is free. ``deps``: an operation's dependencies, oldest first. A backend
+    that tells no load (``Device.balances_load`` false) gets its lanes in round-robin order."""
     if deps:
         for fut in reversed(deps):
             lane = fut.lane
@@ -66,10 +67,14 @@ def pick_lane(device: Any, deps: dict) -> Any:
                     and getattr(lane, "kind", "") == "compute":
                 return lane
     lanes = device.compute
-    start = next(device._rr)
+    n = len(lanes)
+    start = device._rr
+    device._rr = start + 1 if start + 1 < n else 0
+    if not device.balances_load:
+        return lanes[start]
     best, least = None, None
-    for i in range(len(lanes)):
-        lane = lanes[(start + i) % len(lanes)]
+    for i in range(n):
+        lane = lanes[(start + i) % n]
         load = device._lane_load(lane)
         if load == 0:
             return lane
@@ -79,6 +84,86 @@ def pick_lane(device: Any, deps: dict) -> Any:
 
 
 # -- the operations --------------------------------------------------------------------------------
+def launch_plain(device: Any, kernel: Any, shape: tuple, args: Any) -> GPUFuture | None:
+    """``Device.launch`` of the common case in one call: ``shape``, the (grid, block) that the
+    device validated for this kernel before; every argument a whole raw Buffer of ``device``
+    or a plain int or float in its type's range; the kernel loaded, the device working, the
+    runtime open; no ``after=``, no capture (the caller tests those two). None, having done
+    nothing, for anything else: the caller's general path then validates it (and names what
+    is wrong) and submits it. Raises only what the submission raises."""
+    if type(args) is not tuple:
+        return None
+    plan = kernel.arg_plan
+    n = len(args)
+    if n != len(plan):
+        return None
+    rt = device.runtime
+    values: Any = args
+    lengths: list = []
+    reads: list = []
+    writes: list = []
+    if kernel._reads or kernel._writes:        # (pointer arguments: each is read, written or both)
+        values = []
+        buffers: dict = {}
+        for i in range(n):
+            value = args[i]
+            pointer, low, high = plan[i]
+            if pointer:
+                if (type(value) is not Buffer or value._base is not None or value.typed_dtype is not None
+                        or value.freed or value.device is not device):
+                    return None
+                values.append(value.address)
+                lengths.append(value.nbytes)
+                buffers[i] = value
+            elif low is not None:
+                if type(value) is not int or not low <= value <= high:
+                    return None
+                values.append(value)
+            else:
+                if type(value) is not float or not -high <= value <= high:
+                    return None
+                values.append(value)
+        for i in kernel._reads:
+            reads.append(buffers[i])
+        for i in kernel._writes:
+            writes.append(buffers[i])
+    else:
+        for i in range(n):
+            value = args[i]
+            pointer, low, high = plan[i]
+            if low is not None:
+                if type(value) is not int or not low <= value <= high:
+                    return None
+            elif type(value) is not float or not -high <= value <= high:
+                return None
+    with rt.lock:
+        if rt.closed or device.broken is not None:
+            return None
+        loaded = device._kernels.get(kernel)
+        if loaded is None:
+            return None
+        label = kernel.name
+        if not (reads or writes):
+            return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, {}, reads, writes)
+        deps = hazards.dependencies(reads, writes, [])
+        if deps:
+            err = hazards.failed_dependency(deps)
+            if err is not None:
+                return hazards.failed_without_running(rt.hub, label, err, writes)
+            resolved, blockers = deferred.resolve(deps)
+            if blockers:
+                return deferred.defer(rt, device, label, reads, writes, deps, functools.partial(
+                    _launch_after, rt, device, loaded, label, shape, values, lengths, reads, writes), None, blockers)
+            deps = resolved
+        return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, deps, reads, writes)
+
+
+def _launch_after(rt: Any, device: Any, loaded: Any, label: str, shape: tuple, values: Any, lengths: list,
+                  reads: list, writes: list, deps: dict) -> GPUFuture:
+    """The submission of a plain launch that was deferred (``deferred.defer``'s ``submit``)."""
+    return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, deps, reads, writes)
+
+
 def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tuple, values: Sequence,
            lengths: Sequence, deps: dict, reads: list, writes: list, keep: Iterable = (),
            cleanup: Iterable = (), copy: Any = None, foreign: Sequence = ()) -> GPUFuture:
@@ -88,7 +173,7 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     fut = rt.hub.new_future(label)
     fut.device, fut.kind = device, "dispatch"
     waits = [d for d in deps if not d.retired] if deps else []
-    todo = list(cleanup)
+    todo = list(cleanup) if cleanup else []
     own = len(todo)
     try:
         keys = device._encode_kernel(fut, lane, loaded, grid, block, values, lengths, waits, todo, copy, foreign)

@@ -209,17 +209,30 @@ class CudaDevice(Device):
         ``HotPath.launch``, which writes the lane's completion word too where the lane fuses it
         (``Lane.fused_word``). A plain launch is encoded here without a closure; a shader copy
         or a launch after other libraries' streams goes through ``CudaRuntime._encode_on_lane``."""
-        params = loaded.pack(values) if loaded.offsets else 0
-        fh, ((gx, gy, gz), (bx, by, bz)) = loaded.handle, self.blocks(grid, block)
+        try:
+            (gx, gy, gz), (bx, by, bz) = self._geometry[grid, block]
+        except (KeyError, TypeError):
+            (gx, gy, gz), (bx, by, bz) = self.blocks(grid, block)
+        if loaded.offsets:
+            loaded._pack(loaded._block, 0, *values)
+        params, fh = loaded.params, loaded.handle
         launch = D.HOT.launch
         rt: Any = self.runtime          # (a CudaRuntime)
         if copy is None and not foreign:
-            self.make_current()
+            # (make_current and, for a launch that wrote its lane's word, _completed_on_lane's
+            # success inlined: this runs once per launch)
+            if getattr(D._tls, "ctx", None) != (self.ctx_handle, D._generation[0]):
+                D.make_current(self.ctx, self.ctx_handle)
             code = rt._wait_on_device(lane, waits) if waits else 0
             word = lane.fused_word
+            ticket = lane.ticket + 1
             if not code:
-                code = launch(fh, gx, gy, gz, bx, by, bz, 0, lane.sh, params, word, lane.ticket + 1 if word else 0)
-            rt._completed_on_lane(fut, lane, cleanup, code, word)
+                code = launch(fh, gx, gy, gz, bx, by, bz, 0, lane.sh, params, word, ticket if word else 0)
+            if code or not word:
+                rt._completed_on_lane(fut, lane, cleanup, code, word)
+            else:
+                lane.ticket = ticket
+                fut.lane, fut.ticket, fut.queue, fut.packet = lane, ticket, lane.name, ticket
             return ()
 
         def enqueue(stream: int, word: int, ticket: int) -> int:
