@@ -363,14 +363,9 @@ class Device(DeviceHooks):
         if not after and _capture._active.get() is None:
             # The common case in one call (``submit.launch_plain``: a shape seen before, plain
             # arguments); anything else, None from it, takes the general path below.
-            try:
-                shape = self._shapes.get((kernel, grid, block))
-            except TypeError:               # unhashable (lists)
-                shape = None
-            if shape is not None:
-                fut = _submit.launch_plain(self, kernel, shape, args)
-                if fut is not None:
-                    return fut
+            fut = _submit.launch_plain(self, kernel, grid, block, args)
+            if fut is not None:
+                return fut
         rt = self.runtime
         grid, block = self._launch_shape(kernel, grid, block)
         values, lengths, buffers = check_args(self, kernel, args)

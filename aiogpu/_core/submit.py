@@ -84,14 +84,18 @@ def pick_lane(device: Any, deps: dict) -> Any:
 
 
 # -- the operations --------------------------------------------------------------------------------
-def launch_plain(device: Any, kernel: Any, shape: tuple, args: Any) -> GPUFuture | None:
-    """``Device.launch`` of the common case in one call: ``shape``, the (grid, block) that the
-    device validated for this kernel before; every argument a whole raw Buffer of ``device``
-    or a plain int or float in its type's range; the kernel loaded, the device working, the
-    runtime open; no ``after=``, no capture (the caller tests those two). None, having done
-    nothing, for anything else: the caller's general path then validates it (and names what
-    is wrong) and submits it. Raises only what the submission raises."""
-    if type(args) is not tuple:
+def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> GPUFuture | None:
+    """``Device.launch`` of the common case in one call: a (kernel, grid, block) that the
+    device validated before (``device._shapes``, its validated shapes); every argument a whole
+    raw Buffer of ``device`` or a plain int or float in its type's range; the kernel loaded,
+    the device working, the runtime open; no ``after=``, no capture (the caller tests those
+    two). None, having done nothing, for anything else: the caller's general path then
+    validates it (and names what is wrong) and submits it. Raises only what the submission
+    raises."""
+    if type(args) is not tuple or type(grid) is not tuple or type(block) is not tuple:
+        return None                    # (lists: unhashable, no shape cached)
+    shape = device._shapes.get((kernel, grid, block))
+    if shape is None:
         return None
     plan = kernel.arg_plan
     n = len(args)
