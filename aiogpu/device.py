@@ -406,17 +406,21 @@ class Device(DeviceHooks):
 
     def _launch_shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service
-        launching the same shapes again pays a dictionary lookup."""
+        launching the same shapes again pays a dictionary lookup. The cache, ``_shapes``, maps
+        (kernel, grid, block) to (grid, block, kernel.arg_plan, kernel._reads, kernel._writes,
+        kernel.name), what ``submit.launch_plain`` reads."""
         key = (kernel, grid, block)
         try:
-            return self._shapes[key]
+            shape = self._shapes[key]
+            return shape[0], shape[1]
         except (KeyError, TypeError):       # new, or unhashable (lists): validate
             pass
         got = check_launch(kernel, grid, block)
         self._check_grid(*got)
         if len(self._shapes) < 4096:
             try:
-                self._shapes[key] = got
+                # (with what the plain launch reads of the kernel: submit.launch_plain)
+                self._shapes[key] = (*got, kernel.arg_plan, kernel._reads, kernel._writes, kernel.name)
             except TypeError:
                 pass
         return got

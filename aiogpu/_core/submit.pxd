@@ -6,7 +6,7 @@ from aiogpu._core.futures cimport GPUFuture
 cpdef object pick_lane(object device, object deps)
 
 @cython.locals(plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
-               deps=dict, shape=tuple)
+               deps=dict, shape=tuple, kreads=list, kwrites=list)
 cpdef object launch_plain(object device, object kernel, object grid, object block, object args)
 
 @cython.locals(fut=GPUFuture, waits=list, todo=list, own=Py_ssize_t)

@@ -97,7 +97,7 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
     shape = device._shapes.get((kernel, grid, block))
     if shape is None:
         return None
-    plan = kernel.arg_plan
+    plan = shape[2]                    # (kernel.arg_plan, ._reads, ._writes, .name: see Device._launch_shape)
     n = len(args)
     if n != len(plan):
         return None
@@ -106,7 +106,8 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
     lengths: list = []
     reads: list = []
     writes: list = []
-    if kernel._reads or kernel._writes:        # (pointer arguments: each is read, written or both)
+    kreads, kwrites = shape[3], shape[4]
+    if kreads or kwrites:              # (pointer arguments: each is read, written or both)
         values = []
         buffers: dict = {}
         for i in range(n):
@@ -127,9 +128,9 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
                 if type(value) is not float or not -high <= value <= high:
                     return None
                 values.append(value)
-        for i in kernel._reads:
+        for i in kreads:
             reads.append(buffers[i])
-        for i in kernel._writes:
+        for i in kwrites:
             writes.append(buffers[i])
     else:
         for i in range(n):
@@ -146,7 +147,7 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
         loaded = device._kernels.get(kernel)
         if loaded is None:
             return None
-        label = kernel.name
+        label = shape[5]
         if not (reads or writes):
             return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, {}, reads, writes)
         deps = hazards.dependencies(reads, writes, [])
