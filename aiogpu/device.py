@@ -194,17 +194,15 @@ class Device(DeviceHooks):
         self.broken: Any = None        # a GPUError once the device is unusable (sticky errors)
         self.memory = DeviceMemory(self._raw_alloc, self._raw_free)
         self.compute: list[Any] = []   # compute lanes, set by the backend
-        self._rr = 0                   # the compute lane the round-robin order starts at next
-        # Whether the backend tells its lanes' load (``_lane_load``): else the core's lane
-        # choice is the round-robin order alone (every lane reads idle).
-        self.balances_load = type(self)._lane_load is not DeviceHooks._lane_load
+        # The core's lane choice: round-robin, by load where the backend tells it (``_lane_load``).
+        self._lane_order = _submit.LaneOrder([], type(self)._lane_load is not DeviceHooks._lane_load)
         self._kernels: dict[Kernel, Any] = {}
         self._compiling: dict[Kernel, Any] = {}   # compile futures (deferred.Deferred) in flight or failed
         self._shapes: dict[tuple, tuple] = {}
 
     def _set_compute_lanes(self, lanes: list) -> None:
         self.compute = list(lanes)
-        self._rr = 0
+        self._lane_order = _submit.LaneOrder(self.compute, self._lane_order.balances_load)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.isa} ({self.runtime.backend})>"

@@ -21,6 +21,9 @@ from ..kernels import copy_kernel, fill_kernel
 from ..memory import Buffer
 from .futures import PENDING, GPUFuture
 
+# The waits of an operation with no dependency (encoders only read them).
+_NO_WAITS: tuple = ()
+
 
 def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: list,
             submit: Callable[[dict], GPUFuture], *, compile: Any = None,
@@ -54,23 +57,35 @@ def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: 
 
 
 # -- lanes ---------------------------------------------------------------------------------------
+class LaneOrder:
+    """A device's compute lanes in the order the lane choice tries them (``pick_lane``):
+    round-robin from ``next``; ``balances_load``: the backend tells each lane's load
+    (``_lane_load``), else every lane reads idle and the order alone decides."""
+
+    def __init__(self, lanes: list, balances_load: bool) -> None:
+        self.lanes = list(lanes)
+        self.next = 0
+        self.balances_load = bool(balances_load)
+
+
 def pick_lane(device: Any, deps: dict) -> Any:
     """The compute lane of the newest live dependency on ``device`` (lane order then suffices
     for it), else the least loaded compute lane (an idle one if there is one; ties in
     round-robin order), so independent work spreads and never queues behind a long kernel
     while another lane is free. ``deps``: an operation's dependencies, oldest first. A backend
-    that tells no load (``Device.balances_load`` false) gets its lanes in round-robin order."""
+    that tells no load (``LaneOrder.balances_load`` false) gets its lanes in round-robin order."""
     if deps:
         for fut in reversed(deps):
             lane = fut.lane
             if lane is not None and not fut.retired and getattr(lane, "device", None) is device \
                     and getattr(lane, "kind", "") == "compute":
                 return lane
-    lanes = device.compute
+    order: LaneOrder = device._lane_order
+    lanes = order.lanes
     n = len(lanes)
-    start = device._rr
-    device._rr = start + 1 if start + 1 < n else 0
-    if not device.balances_load:
+    start = order.next
+    order.next = start + 1 if start + 1 < n else 0
+    if not order.balances_load:
         return lanes[start]
     best, least = None, None
     for i in range(n):
@@ -177,7 +192,7 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     lane = pick_lane(device, deps)
     fut = rt.hub.new_future(label)
     fut.device, fut.kind = device, "dispatch"
-    waits = [d for d in deps if not d.retired] if deps else []
+    waits = [d for d in deps if not d.retired] if deps else _NO_WAITS
     todo = list(cleanup) if cleanup else []
     own = len(todo)
     try:
@@ -288,7 +303,7 @@ def join(rt: Any, device: Any, live: list, deps: dict) -> GPUFuture:
 
 
 # -- after the encode ----------------------------------------------------------------------------
-def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: list, keys: Iterable[int] | None,
+def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: Sequence, keys: Iterable[int] | None,
                reads: list, writes: list, keep: Iterable, cleanup: list) -> None:
     """The bookkeeping of an encoded operation: the keys its work names (held until it
     retires), its dependents (it fails when a semantic dependency fails), the host steps it
