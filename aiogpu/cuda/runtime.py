@@ -119,7 +119,7 @@ class CudaRuntime(Runtime):
 
     # -- encoding on a lane (under the lock) ------------------------------------------------------
     def _wait_on_device(self, lane: Any, waits: Sequence) -> int:
-        """Make ``lane`` wait, on the device, for ``waits`` (``streams.wait_on_device``): the
+        """Make ``lane`` wait, on the device, for ``waits`` (``encode.wait_on_device``): the
         first failing call's CUresult, else 0."""
         return wait_on_device(lane, waits)
 
@@ -157,7 +157,7 @@ class CudaRuntime(Runtime):
 
         ``fusable``: ``enqueue`` is one ``HotPath.launch`` or ``memcpy`` that passes ``word`` and
         ``ticket`` on (writing the ticket to the word after its work, only if queued). Whether
-        it is given the lane's word is decided here, from ``lane.fused_word`` (streams.Lane);
+        it is given the lane's word is decided here, from ``lane.fused_word`` (encode.Lane);
         otherwise it gets ``word=0`` and the word is written (or the event recorded) after it."""
         lane.device.make_current()
         code = wait_on_device(lane, waits) if waits else 0
