@@ -26,7 +26,8 @@ class Lane:
     ``spin`` is this lane's adaptive spin window (seconds); ``rate`` the copy bandwidth it has
     shown (bytes/s, None until learned), from which an awaiter of a long copy predicts when to
     start spinning. ``sh`` and ``wordp`` are the stream handle and the word's device pointer as
-    ints (0 without a word), the hot path's handles.
+    ints (0 without a word), the hot path's handles; ``hot`` the hot path itself
+    (``driver.HOT`` when the lane was made) and ``wait_geq`` its "word >= ticket" wait flag.
 
     ``fused_word`` decides, once per lane, how a launch or copy on it completes: the word's
     pointer where the launch or copy call itself writes the ticket there after its work
