@@ -9,7 +9,6 @@ encoding a dispatch or a fill on a lane); nothing here knows HSA or CUDA.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import sys
 import traceback
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 
+from . import capture as _capture
 from . import deferred, ordering
 from ._core import submit as _submit
 from .backend import DeviceHooks
@@ -194,14 +194,15 @@ class Device(DeviceHooks):
         self.broken: Any = None        # a GPUError once the device is unusable (sticky errors)
         self.memory = DeviceMemory(self._raw_alloc, self._raw_free)
         self.compute: list[Any] = []   # compute lanes, set by the backend
-        self._rr: Any = None
+        # The core's lane choice: round-robin, by load where the backend tells it (``_lane_load``).
+        self._lane_order = _submit.LaneOrder([], type(self)._lane_load is not DeviceHooks._lane_load)
         self._kernels: dict[Kernel, Any] = {}
         self._compiling: dict[Kernel, Any] = {}   # compile futures (deferred.Deferred) in flight or failed
         self._shapes: dict[tuple, tuple] = {}
 
     def _set_compute_lanes(self, lanes: list) -> None:
         self.compute = list(lanes)
-        self._rr = itertools.cycle(range(len(self.compute)))
+        self._lane_order = _submit.LaneOrder(self.compute, self._lane_order.balances_load)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} {self.isa} ({self.runtime.backend})>"
@@ -357,6 +358,12 @@ class Device(DeviceHooks):
         caused by the compiler's error, and later launches of the kernel raise that error.
         ``await dev.load(kernel)`` compiles ahead of time.
         """
+        if not after and _capture._active.get() is None:
+            # The common case in one call (``submit.launch_plain``: a shape seen before, plain
+            # arguments); anything else, None from it, takes the general path below.
+            fut = _submit.launch_plain(self, kernel, grid, block, args)
+            if fut is not None:
+                return fut
         rt = self.runtime
         grid, block = self._launch_shape(kernel, grid, block)
         values, lengths, buffers = check_args(self, kernel, args)
@@ -397,17 +404,21 @@ class Device(DeviceHooks):
 
     def _launch_shape(self, kernel: Kernel, grid: Any, block: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``grid`` and ``block`` validated (core rules, then the backend's limits); a service
-        launching the same shapes again pays a dictionary lookup."""
+        launching the same shapes again pays a dictionary lookup. The cache, ``_shapes``, maps
+        (kernel, grid, block) to (grid, block, kernel.arg_plan, kernel._reads, kernel._writes,
+        kernel.name), what ``submit.launch_plain`` reads."""
         key = (kernel, grid, block)
         try:
-            return self._shapes[key]
+            shape = self._shapes[key]
+            return shape[0], shape[1]
         except (KeyError, TypeError):       # new, or unhashable (lists): validate
             pass
         got = check_launch(kernel, grid, block)
         self._check_grid(*got)
         if len(self._shapes) < 4096:
             try:
-                self._shapes[key] = got
+                # (with what the plain launch reads of the kernel: submit.launch_plain)
+                self._shapes[key] = (*got, kernel.arg_plan, kernel._reads, kernel._writes, kernel.name)
             except TypeError:
                 pass
         return got

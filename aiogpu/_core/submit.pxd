@@ -2,16 +2,26 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 
-@cython.locals(fut=GPUFuture, lanes=list, i=Py_ssize_t, n=Py_ssize_t, load=object)
+cdef class LaneOrder:
+    cdef public list lanes
+    cdef public Py_ssize_t next
+    cdef public bint balances_load
+
+@cython.locals(fut=GPUFuture, order=LaneOrder, lanes=list, i=Py_ssize_t, n=Py_ssize_t, start=Py_ssize_t,
+               load=object)
 cpdef object pick_lane(object device, object deps)
 
-@cython.locals(fut=GPUFuture, waits=list, todo=list, own=Py_ssize_t)
+@cython.locals(plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
+               deps=dict, shape=tuple, kreads=list, kwrites=list)
+cpdef object launch_plain(object device, object kernel, object grid, object block, object args)
+
+@cython.locals(fut=GPUFuture, todo=list, own=Py_ssize_t)
 cpdef object launch(object rt, object device, object loaded, object label, object grid, object block,
                     object values, object lengths, dict deps, object reads, object writes, object keep=*,
                     object cleanup=*, object copy=*, object foreign=*)
 
 @cython.locals(dep=GPUFuture, d=GPUFuture, host_deps=list)
-cpdef _submitted(object rt, GPUFuture fut, dict deps, list waits, object keys, object reads, object writes,
+cpdef _submitted(object rt, GPUFuture fut, dict deps, object waits, object keys, object reads, object writes,
                  object keep, list cleanup)
 
 @cython.locals(views=list, roots=list, hosts=list, d=GPUFuture)

@@ -21,6 +21,9 @@ from ..kernels import copy_kernel, fill_kernel
 from ..memory import Buffer
 from .futures import PENDING, GPUFuture
 
+# The waits of an operation with no dependency (encoders only read them).
+_NO_WAITS: tuple = ()
+
 
 def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: list,
             submit: Callable[[dict], GPUFuture], *, compile: Any = None,
@@ -54,22 +57,39 @@ def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: 
 
 
 # -- lanes ---------------------------------------------------------------------------------------
+class LaneOrder:
+    """A device's compute lanes in the order the lane choice tries them (``pick_lane``):
+    round-robin from ``next``; ``balances_load``: the backend tells each lane's load
+    (``_lane_load``), else every lane reads idle and the order alone decides."""
+
+    def __init__(self, lanes: list, balances_load: bool) -> None:
+        self.lanes = list(lanes)
+        self.next = 0
+        self.balances_load = bool(balances_load)
+
+
 def pick_lane(device: Any, deps: dict) -> Any:
     """The compute lane of the newest live dependency on ``device`` (lane order then suffices
     for it), else the least loaded compute lane (an idle one if there is one; ties in
     round-robin order), so independent work spreads and never queues behind a long kernel
-    while another lane is free. ``deps``: an operation's dependencies, oldest first."""
+    while another lane is free. ``deps``: an operation's dependencies, oldest first. A backend
+    that tells no load (``LaneOrder.balances_load`` false) gets its lanes in round-robin order."""
     if deps:
         for fut in reversed(deps):
             lane = fut.lane
             if lane is not None and not fut.retired and getattr(lane, "device", None) is device \
                     and getattr(lane, "kind", "") == "compute":
                 return lane
-    lanes = device.compute
-    start = next(device._rr)
+    order: LaneOrder = device._lane_order
+    lanes = order.lanes
+    n = len(lanes)
+    start = order.next
+    order.next = start + 1 if start + 1 < n else 0
+    if not order.balances_load:
+        return lanes[start]
     best, least = None, None
-    for i in range(len(lanes)):
-        lane = lanes[(start + i) % len(lanes)]
+    for i in range(n):
+        lane = lanes[(start + i) % n]
         load = device._lane_load(lane)
         if load == 0:
             return lane
@@ -79,6 +99,91 @@ def pick_lane(device: Any, deps: dict) -> Any:
 
 
 # -- the operations --------------------------------------------------------------------------------
+def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> GPUFuture | None:
+    """``Device.launch`` of the common case in one call: a (kernel, grid, block) that the
+    device validated before (``device._shapes``, its validated shapes); every argument a whole
+    raw Buffer of ``device`` or a plain int or float in its type's range; the kernel loaded,
+    the device working, the runtime open; no ``after=``, no capture (the caller tests those
+    two). None, having done nothing, for anything else: the caller's general path then
+    validates it (and names what is wrong) and submits it. Raises only what the submission
+    raises."""
+    if type(args) is not tuple or type(grid) is not tuple or type(block) is not tuple:
+        return None                    # (lists: unhashable, no shape cached)
+    shape = device._shapes.get((kernel, grid, block))
+    if shape is None:
+        return None
+    plan = shape[2]                    # (kernel.arg_plan, ._reads, ._writes, .name: see Device._launch_shape)
+    n = len(args)
+    if n != len(plan):
+        return None
+    rt = device.runtime
+    values: Any = args
+    lengths: list = []
+    reads: list = []
+    writes: list = []
+    kreads, kwrites = shape[3], shape[4]
+    if kreads or kwrites:              # (pointer arguments: each is read, written or both)
+        values = []
+        buffers: dict = {}
+        for i in range(n):
+            value = args[i]
+            pointer, low, high = plan[i]
+            if pointer:
+                if (type(value) is not Buffer or value._base is not None or value.typed_dtype is not None
+                        or value.freed or value.device is not device):
+                    return None
+                values.append(value.address)
+                lengths.append(value.nbytes)
+                buffers[i] = value
+            elif low is not None:
+                if type(value) is not int or not low <= value <= high:
+                    return None
+                values.append(value)
+            else:
+                if type(value) is not float or not -high <= value <= high:
+                    return None
+                values.append(value)
+        for i in kreads:
+            reads.append(buffers[i])
+        for i in kwrites:
+            writes.append(buffers[i])
+    else:
+        for i in range(n):
+            value = args[i]
+            pointer, low, high = plan[i]
+            if low is not None:
+                if type(value) is not int or not low <= value <= high:
+                    return None
+            elif type(value) is not float or not -high <= value <= high:
+                return None
+    with rt.lock:
+        if rt.closed or device.broken is not None:
+            return None
+        loaded = device._kernels.get(kernel)
+        if loaded is None:
+            return None
+        label = shape[5]
+        if not (reads or writes):
+            return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, {}, reads, writes)
+        deps = hazards.dependencies(reads, writes, [])
+        if deps:
+            err = hazards.failed_dependency(deps)
+            if err is not None:
+                return hazards.failed_without_running(rt.hub, label, err, writes)
+            resolved, blockers = deferred.resolve(deps)
+            if blockers:
+                return deferred.defer(rt, device, label, reads, writes, deps, functools.partial(
+                    _launch_after, rt, device, loaded, label, shape, values, lengths, reads, writes), None, blockers)
+            deps = resolved
+        return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, deps, reads, writes)
+
+
+def _launch_after(rt: Any, device: Any, loaded: Any, label: str, shape: tuple, values: Any, lengths: list,
+                  reads: list, writes: list, deps: dict) -> GPUFuture:
+    """The submission of a plain launch that was deferred (``deferred.defer``'s ``submit``)."""
+    return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, deps, reads, writes)
+
+
 def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tuple, values: Sequence,
            lengths: Sequence, deps: dict, reads: list, writes: list, keep: Iterable = (),
            cleanup: Iterable = (), copy: Any = None, foreign: Sequence = ()) -> GPUFuture:
@@ -87,8 +192,8 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     lane = pick_lane(device, deps)
     fut = rt.hub.new_future(label)
     fut.device, fut.kind = device, "dispatch"
-    waits = [d for d in deps if not d.retired] if deps else []
-    todo = list(cleanup)
+    waits = [d for d in deps if not d.retired] if deps else _NO_WAITS
+    todo = list(cleanup) if cleanup else []
     own = len(todo)
     try:
         keys = device._encode_kernel(fut, lane, loaded, grid, block, values, lengths, waits, todo, copy, foreign)
@@ -198,7 +303,7 @@ def join(rt: Any, device: Any, live: list, deps: dict) -> GPUFuture:
 
 
 # -- after the encode ----------------------------------------------------------------------------
-def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: list, keys: Iterable[int] | None,
+def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: Sequence, keys: Iterable[int] | None,
                reads: list, writes: list, keep: Iterable, cleanup: list) -> None:
     """The bookkeeping of an encoded operation: the keys its work names (held until it
     retires), its dependents (it fails when a semantic dependency fails), the host steps it

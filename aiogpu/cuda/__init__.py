@@ -6,7 +6,9 @@ auto-selection finding an NVIDIA GPU and no HSA one) returns ``runtime.CudaRunti
 Modules, each named after its job:
   driver.py    the driver API: checked calls, error names, the hot-path calls, contexts
   nvrtc.py     CUDA C source -> cubin for a device's architecture (cached per process)
-  streams.py   lanes (a stream + its in-order pending futures), the event pool
+  encode.py    lanes (a stream + its in-order pending futures), loaded kernels, the launch
+               encode and device-side waits: the per-operation part, compiled (encode.pxd)
+  streams.py   completion words, the event pool
   hostmem.py   host arrays for DMA: registration (cached, counted) and pinned staging
   waiter.py    CudaHub: the adaptive spin, host-function wake-ups, the waiter
   device.py    CudaDevice: memory, kernels, launches

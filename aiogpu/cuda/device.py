@@ -1,8 +1,6 @@
 """One NVIDIA GPU as aiogpu sees it: its primary context, memory, lanes, kernels, launches."""
 from __future__ import annotations
 
-import ctypes
-import struct
 from typing import Any, Sequence
 
 from ..device import Device
@@ -11,59 +9,8 @@ from ..memory import Buffer
 from . import driver as D
 from . import nvrtc
 from .driver import cu
-from .streams import CompletionWords, EventPool, Lane
-
-_FORMATS = {"f32": "f", "f64": "d", "i8": "b", "i16": "h", "i32": "i", "i64": "q",
-            "u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
-
-
-class LoadedCudaKernel:
-    """A kernel loaded in one context, with its argument packing prepared once.
-
-    Each argument sits at its natural C alignment in one parameter block; ``kernelParams`` is an
-    array of pointers into it. The driver copies the values during ``cuLaunchKernel``, so the
-    block is reused by every launch (under the runtime lock)."""
-
-    def __init__(self, kernel: Kernel, func: Any, module: Any):
-        self.kernel, self.func, self.module = kernel, func, module
-        self.handle = int(func)     # the CUfunction as an int, the hot path's handle
-        self.writes = kernel.writes
-        self.fmt, self.offsets, self.size = layout(kernel.args)
-        self._block = ctypes.create_string_buffer(max(self.size, 8))
-        base = ctypes.addressof(self._block)
-        self._ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
-        self.params = ctypes.addressof(self._ptrs) if self.offsets else 0
-        self._pack = struct.Struct(self.fmt).pack_into
-
-    def pack(self, values: Sequence[Any]) -> int:
-        """Write ``values`` into the shared block; the ``kernelParams`` address."""
-        if self.offsets:
-            self._pack(self._block, 0, *values)
-        return self.params
-
-    def packed_copy(self, values: Sequence[Any]) -> tuple[int, list]:
-        """A private parameter block (for graph nodes): (kernelParams address, keep-alive)."""
-        block = ctypes.create_string_buffer(max(self.size, 8))
-        if self.offsets:
-            struct.pack_into(self.fmt, block, 0, *values)
-        base = ctypes.addressof(block)
-        ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
-        return (ctypes.addressof(ptrs) if self.offsets else 0), [block, ptrs]
-
-
-def layout(args: tuple) -> tuple[str, list[int], int]:
-    """struct format (with padding), offsets and size of a parameter block."""
-    fmt, offsets, off = "<", [], 0
-    for a in args:
-        size = 8 if a.pointer else a.dtype.itemsize
-        pad = (-off) % size
-        fmt += "x" * pad
-        off += pad
-        offsets.append(off)
-        fmt += "Q" if a.pointer else _FORMATS[a.type_name]
-        off += size
-    return fmt, offsets, off
-
+from .encode import Lane, LoadedCudaKernel, _generation, _tls, encode_kernel
+from .streams import CompletionWords, EventPool
 
 class CudaDevice(Device):
     """One NVIDIA GPU (the core's Device on CUDA).
@@ -102,7 +49,7 @@ class CudaDevice(Device):
         self._set_compute_lanes(lanes)
         for kind in ("h2d", "d2h", "d2d", "peer"):
             lanes.append(Lane(self, f"{self.name}.{kind}", kind))
-        self.h2d, self.d2h, self.d2d, self.peer = lanes[compute_streams:]
+        self.h2d, self.d2h, self.d2d, self.peer = lanes[-4:]     # (the four just made)
         self.foreign: dict[int, Any] = {}   # other libraries' streams (foreign.py), by handle
         self.ext: list[Lane] = []            # streams that capture other libraries' events
         self.peers: set[int] = set()
@@ -113,7 +60,7 @@ class CudaDevice(Device):
 
     def make_current(self) -> None:
         # (driver.make_current's test inlined: this runs once per operation submitted)
-        if getattr(D._tls, "ctx", None) != (self.ctx_handle, D._generation[0]):
+        if getattr(_tls, "ctx", None) != (self.ctx_handle, _generation[0]):
             D.make_current(self.ctx, self.ctx_handle)
 
     # -- hooks: memory -------------------------------------------------------------------------
@@ -202,25 +149,19 @@ class CudaDevice(Device):
         """Shader copies stride over the range (16 bytes a thread a step): at most 8,192 blocks."""
         return (max(1, min(-(-nbytes // (16 * 256)), 8192)) * 256,)
 
-    def _encode_kernel(self, fut: Any, lane: Lane, loaded: LoadedCudaKernel, grid: tuple, block: tuple,
-                       values: Sequence, lengths: Sequence, waits: Sequence, cleanup: list, copy: Any = None,
-                       foreign: Sequence = ()) -> tuple:
-        """One ``cuLaunchKernel`` on ``lane`` after ``waits`` (under the runtime lock), through
-        ``HotPath.launch``, which writes the lane's completion word too where the lane fuses it
-        (``Lane.fused_word``). A plain launch is encoded here without a closure; a shader copy
-        or a launch after other libraries' streams goes through ``CudaRuntime._encode_on_lane``."""
+    # The hook runs once per launch: it is compiled with the lanes (``encode.encode_kernel``),
+    # which encodes a launch that is only a launch and hands the others to ``_encode_kernel_with``.
+    _encode_kernel = encode_kernel
+
+    def _encode_kernel_with(self, fut: Any, lane: Lane, loaded: LoadedCudaKernel, grid: tuple, block: tuple,
+                            values: Sequence, waits: Sequence, cleanup: list, copy: Any, foreign: Sequence) -> tuple:
+        """A shader copy (``copy``, the CopyOp) or a launch after other libraries' streams
+        (``foreign``) on ``lane``, through ``CudaRuntime._encode_on_lane``."""
+        (gx, gy, gz), (bx, by, bz) = self.blocks(grid, block)
         params = loaded.pack(values) if loaded.offsets else 0
-        fh, ((gx, gy, gz), (bx, by, bz)) = loaded.handle, self.blocks(grid, block)
+        fh = loaded.handle
         launch = D.HOT.launch
         rt: Any = self.runtime          # (a CudaRuntime)
-        if copy is None and not foreign:
-            self.make_current()
-            code = rt._wait_on_device(lane, waits) if waits else 0
-            word = lane.fused_word
-            if not code:
-                code = launch(fh, gx, gy, gz, bx, by, bz, 0, lane.sh, params, word, lane.ticket + 1 if word else 0)
-            rt._completed_on_lane(fut, lane, cleanup, code, word)
-            return ()
 
         def enqueue(stream: int, word: int, ticket: int) -> int:
             return launch(fh, gx, gy, gz, bx, by, bz, 0, stream, params, word, ticket)

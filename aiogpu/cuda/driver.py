@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 from typing import Any
 
 from cuda.bindings import driver as cu
 
 from ..errors import CudaError  # noqa: F401 - re-exported: the backend raises D.CudaError
+# The context current on each thread (kept with the launch encode, which tests it inline).
+from .encode import _generation, _tls
 
 SUCCESS = 0
 NOT_READY = int(cu.CUresult.CUDA_ERROR_NOT_READY)
@@ -74,11 +75,7 @@ def attribute(dev: Any, name: str) -> int:
     return check(cu.cuDeviceGetAttribute(getattr(A, name), dev), f"cuDeviceGetAttribute({name})")
 
 
-# -- contexts --------------------------------------------------------------------------------------
-_tls = threading.local()
-_generation = [0]
-
-
+# -- contexts (the current one per thread: _tls, _generation) ---------------------------------------
 def make_current(ctx: Any, handle: int) -> None:
     """Make ``ctx`` current on this thread (a no-op when it already is, in this generation:
     closing a runtime starts a new one, since a released primary context may come back)."""

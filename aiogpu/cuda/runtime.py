@@ -31,6 +31,7 @@ from . import nvrtc
 from . import foreign, hostmem, interop, probe
 from .device import CudaDevice
 from .driver import cu
+from .encode import wait_on_device
 from .waiter import DEFAULT_SPIN_S, CudaHub
 
 
@@ -118,28 +119,9 @@ class CudaRuntime(Runtime):
 
     # -- encoding on a lane (under the lock) ------------------------------------------------------
     def _wait_on_device(self, lane: Any, waits: Sequence) -> int:
-        """Make ``lane`` wait, on the device, for ``waits``: one wait per other lane (its newest
-        dependency suffices: lanes run in order), none for work its lane's word already shows
-        done; ``cuStreamWaitValue64`` on the other lane's word, or ``cuStreamWaitEvent`` where
-        it recorded an event. The first failing call's CUresult, else 0."""
-        newest: dict = {}
-        for dep in waits:
-            other = dep.lane
-            if other is None or other is lane:
-                continue
-            cur = newest.get(other)
-            if cur is None or dep.ticket > cur.ticket:
-                newest[other] = dep
-        hot, stream = D.HOT, lane.sh
-        for dep in newest.values():
-            if dep.ticket > dep.lane.done_upto():
-                if dep.event is not None:
-                    code = hot.wait_event(stream, dep.event)
-                else:
-                    code = hot.wait64(stream, dep.lane.wordp, dep.ticket, D.WAIT_GEQ)
-                if code:
-                    return code
-        return 0
+        """Make ``lane`` wait, on the device, for ``waits`` (``encode.wait_on_device``): the
+        first failing call's CUresult, else 0."""
+        return wait_on_device(lane, waits)
 
     def _completed_on_lane(self, fut: Any, lane: Any, cleanup: list, code: int, word: int) -> None:
         """After the operation's enqueue returned ``code`` (``word``: it wrote the completion
@@ -175,10 +157,10 @@ class CudaRuntime(Runtime):
 
         ``fusable``: ``enqueue`` is one ``HotPath.launch`` or ``memcpy`` that passes ``word`` and
         ``ticket`` on (writing the ticket to the word after its work, only if queued). Whether
-        it is given the lane's word is decided here, from ``lane.fused_word`` (streams.Lane);
+        it is given the lane's word is decided here, from ``lane.fused_word`` (encode.Lane);
         otherwise it gets ``word=0`` and the word is written (or the event recorded) after it."""
         lane.device.make_current()
-        code = self._wait_on_device(lane, waits) if waits else 0
+        code = wait_on_device(lane, waits) if waits else 0
         word = lane.fused_word if fusable else 0
         if not code:
             code = enqueue(lane.sh, word, lane.ticket + 1 if word else 0)

@@ -1,0 +1,50 @@
+# Types for encode.py (the source): a lane's and a loaded kernel's fields as C slots, read per
+# operation by the launch encode and the device-side waits.
+cimport cython
+from aiogpu._core.futures cimport GPUFuture
+
+cdef class Lane:
+    cdef public object name
+    cdef public object device
+    cdef public object stream
+    cdef public long long ticket
+    cdef public long long armed
+    cdef public object pending
+    cdef public object kind
+    cdef public object word
+    cdef public object dptr
+    cdef public double spin
+    cdef public object rate
+    # (the hot path's handles stay Python ints: they are passed on as they are)
+    cdef public object sh
+    cdef public object wordp
+    cdef public object fused_word
+    cdef public object hot
+    cdef public int wait_geq
+
+cdef class ForeignLane(Lane):
+    cdef public object arm_stream
+
+cdef class LoadedCudaKernel:
+    cdef public object kernel
+    cdef public object func
+    cdef public object module
+    cdef public object handle
+    cdef public object writes
+    cdef public object fmt
+    cdef public object offsets
+    cdef public Py_ssize_t size
+    cdef public object _block
+    cdef public object _ptrs
+    cdef public object params
+    cdef public object _pack
+    cdef public object grid
+    cdef public object block
+    cdef public object gx, gy, gz, bx, by, bz
+
+@cython.locals(dep=GPUFuture, cur=GPUFuture, other=Lane, newest=dict, code=cython.longlong)
+cpdef long long wait_on_device(Lane lane, object waits) except? -1
+
+@cython.locals(code=cython.longlong, ticket=cython.longlong)
+cpdef launch_on_lane(object device, GPUFuture fut, Lane lane, LoadedCudaKernel loaded, object grid, object block,
+                     object values, object waits, list cleanup)

@@ -1,0 +1,276 @@
+"""The CUDA backend's per-operation code, compiled where a compiler exists (``encode.pxd``):
+lanes (a stream, its completion word and the futures pending on it, in ticket order), kernels
+loaded with their argument packing, the launch encode and the device-side waits; and the
+thread's current context (``driver.make_current``), which the launch tests inline.
+
+It imports no driver at import time: a lane keeps the driver's hot path (``driver.HOT``) it
+was made with, and the rare calls (creating and destroying streams) import the driver then.
+So this module loads, compiled or not, where cuda-bindings is missing (``aiogpu info`` imports
+every compiled module)."""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from collections import deque
+from typing import Any, Sequence
+
+# The context current on each thread, as (context handle, generation) (``driver.make_current``).
+_tls = threading.local()
+_generation = [0]
+
+
+class Lane:
+    """One CUDA stream of a device, its completion word and pending futures (ticket order).
+
+    ``spin`` is this lane's adaptive spin window (seconds); ``rate`` the copy bandwidth it has
+    shown (bytes/s, None until learned), from which an awaiter of a long copy predicts when to
+    start spinning. ``sh`` and ``wordp`` are the stream handle and the word's device pointer as
+    ints (0 without a word), the hot path's handles; ``hot`` the hot path itself
+    (``driver.HOT`` when the lane was made) and ``wait_geq`` its "word >= ticket" wait flag.
+
+    ``fused_word`` decides, once per lane, how a launch or copy on it completes: the word's
+    pointer where the launch or copy call itself writes the ticket there after its work
+    (``HotPath.launch``/``memcpy`` with ``word``: one C call on the C hot path), or 0 where
+    the submission writes the word itself or records an event: the lane has no word (events),
+    or the runtime records an event per operation (``event_waits``), which goes between the
+    work and the word. ``CudaRuntime.submit`` applies it, to operations that are one launch or
+    copy call (``fusable``); the rest get the separate write."""
+
+    __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
+                 "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq")
+
+    def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
+        from . import driver as D
+        from .driver import cu
+        device.make_current()
+        stream = D.check(cu.cuStreamCreateWithPriority(D.STREAM_NON_BLOCKING, priority), f"cuStreamCreate({name})")
+        try:
+            self._attach(device, name, kind, stream)
+        except BaseException:          # (its completion word could not be made)
+            cu.cuStreamDestroy(stream)
+            raise
+
+    def _attach(self, device: Any, name: str, kind: str, stream: Any) -> None:
+        from . import driver as D
+        self.hot = D.HOT                 # (the hot path the runtime was made with)
+        self.wait_geq = D.WAIT_GEQ
+        self.device, self.name, self.kind = device, name, kind
+        self.stream = stream
+        self.sh = int(stream)
+        self.ticket = 0          # operations submitted so far
+        self.armed = 0           # a host-function wake-up is queued after this ticket
+        self.pending: deque = deque()
+        self.spin = device.runtime.hub.spin_s
+        self.rate: float | None = None
+        self.word = self.dptr = None
+        self.wordp = 0
+        if device.words is not None:
+            host, self.dptr = device.words.slot()
+            self.word = ctypes.c_uint64.from_address(host)
+            self.wordp = int(self.dptr)
+        self.fused_word = 0 if device.runtime.event_waits else self.wordp
+
+    @property
+    def handle(self) -> int:
+        return int(self.stream)
+
+    def done_upto(self) -> int:
+        """The last ticket known complete from the word (0 without a word)."""
+        return self.word.value if self.word is not None else 0
+
+    def arm(self, fn: int, data: int) -> int:
+        """Queue the host function ``fn(data)`` after the lane's current work (a wake-up)."""
+        return self.hot.host_func(self.sh, fn, data)
+
+    def destroy(self) -> None:
+        from .driver import cu
+        if self.stream is not None:
+            cu.cuStreamDestroy(self.stream)
+            self.stream = None
+
+    def __repr__(self) -> str:
+        return f"<Lane {self.name} ticket={self.ticket} pending={len(self.pending)}>"
+
+
+class ForeignLane(Lane):
+    """Another library's CUDA stream (torch, CuPy, a raw handle) as a lane of ``device``.
+
+    A future for it (``aiogpu.stream_future``) is one write of the lane's completion word queued
+    on that stream (``cuStreamWriteValue64``, the only thing aiogpu adds to it; a pooled event
+    where the device has no stream memory operations). Such futures complete in stream order, as
+    a lane's do, so the spin and the waiter settle them like any lane's: the spin reads the word
+    (a memory load, no ``cuEventQuery``), and a completion seen by the spin is settled off the
+    loop. A parked awaiter is woken through a stream of aiogpu's own (``arm_stream``, created at
+    the first park) that waits for the newest ticket (or event) and then runs the wake-up host
+    function: nothing is queued on the library's stream that would delay its later work.
+    A lane is kept per stream handle for the runtime's life; a stream destroyed while futures of
+    it are pending is not supported (its handle may be reused by a new stream)."""
+
+    __slots__ = ("arm_stream",)
+
+    def __init__(self, device: Any, handle: int):
+        from .driver import cu
+        # Its stream is the library's; the completion word, as a Lane's, is written after each
+        # future's point.
+        self._attach(device, f"{device.name}.stream{handle:#x}", "foreign", cu.CUstream(handle))
+        self.arm_stream: Any = None
+
+    def arm(self, fn: int, data: int) -> int:
+        newest = self.pending[-1] if self.pending else None
+        if newest is None or newest.retired or (newest.event is None and self.dptr is None):
+            return 0
+        from . import driver as D
+        from .driver import cu
+        if self.arm_stream is None:
+            self.device.make_current()
+            err, stream = cu.cuStreamCreate(D.STREAM_NON_BLOCKING)
+            if err != 0:
+                return int(err)
+            self.arm_stream = stream
+        hot, arm = self.hot, int(self.arm_stream)
+        if newest.event is not None:
+            code = hot.wait_event(arm, newest.event)
+        else:
+            code = hot.wait64(arm, self.wordp, newest.ticket, self.wait_geq)
+        return int(code) or hot.host_func(arm, fn, data)
+
+    def destroy(self) -> None:
+        from .driver import cu
+        if self.arm_stream is not None:
+            cu.cuStreamDestroy(self.arm_stream)
+            self.arm_stream = None
+
+    def __repr__(self) -> str:
+        return f"<ForeignLane {self.name} ticket={self.ticket} pending={len(self.pending)}>"
+
+
+def wait_on_device(lane: Lane, waits: Any) -> int:
+    """Make ``lane`` wait, on the device, for the futures ``waits``: one wait per other lane (its
+    newest dependency suffices: lanes run in order), none for work its lane's word already
+    shows done; ``cuStreamWaitValue64`` on the other lane's word, or ``cuStreamWaitEvent`` where
+    it recorded an event. The first failing call's CUresult, else 0."""
+    newest: dict = {}
+    for dep in waits:
+        if dep.lane is None or dep.lane is lane:
+            continue
+        other = dep.lane
+        cur = newest.get(other)
+        if cur is None or dep.ticket > cur.ticket:
+            newest[other] = dep
+    if not newest:
+        return 0
+    hot, stream = lane.hot, lane.sh
+    for dep in newest.values():
+        other = dep.lane
+        if dep.ticket > (other.word.value if other.word is not None else 0):
+            if dep.event is not None:
+                code = hot.wait_event(stream, dep.event)
+            else:
+                code = hot.wait64(stream, other.wordp, dep.ticket, lane.wait_geq)
+            if code:
+                return code
+    return 0
+
+
+_FORMATS = {"f32": "f", "f64": "d", "i8": "b", "i16": "h", "i32": "i", "i64": "q",
+            "u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
+
+
+class LoadedCudaKernel:
+    """A kernel loaded in one context, with its argument packing prepared once.
+
+    Each argument sits at its natural C alignment in one parameter block; ``kernelParams`` is an
+    array of pointers into it. The driver copies the values during ``cuLaunchKernel``, so the
+    block is reused by every launch (under the runtime lock)."""
+
+    def __init__(self, kernel: Kernel, func: Any, module: Any):
+        self.kernel, self.func, self.module = kernel, func, module
+        self.handle = int(func)     # the CUfunction as an int, the hot path's handle
+        self.writes = kernel.writes
+        self.fmt, self.offsets, self.size = layout(kernel.args)
+        self._block = ctypes.create_string_buffer(max(self.size, 8))
+        base = ctypes.addressof(self._block)
+        self._ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
+        self.params = ctypes.addressof(self._ptrs) if self.offsets else 0
+        self._pack = struct.Struct(self.fmt).pack_into
+        # The CUDA geometry of the last (grid, block) launched (``launch_on_lane``).
+        self.grid = self.block = None
+        self.gx = self.gy = self.gz = self.bx = self.by = self.bz = 0
+
+    def pack(self, values: Sequence[Any]) -> int:
+        """Write ``values`` into the shared block; the ``kernelParams`` address."""
+        if self.offsets:
+            self._pack(self._block, 0, *values)
+        return self.params
+
+    def packed_copy(self, values: Sequence[Any]) -> tuple[int, list]:
+        """A private parameter block (for graph nodes): (kernelParams address, keep-alive)."""
+        block = ctypes.create_string_buffer(max(self.size, 8))
+        if self.offsets:
+            struct.pack_into(self.fmt, block, 0, *values)
+        base = ctypes.addressof(block)
+        ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
+        return (ctypes.addressof(ptrs) if self.offsets else 0), [block, ptrs]
+
+
+def layout(args: tuple) -> tuple[str, list[int], int]:
+    """struct format (with padding), offsets and size of a parameter block."""
+    fmt, offsets, off = "<", [], 0
+    for a in args:
+        size = 8 if a.pointer else a.dtype.itemsize
+        pad = (-off) % size
+        fmt += "x" * pad
+        off += pad
+        offsets.append(off)
+        fmt += "Q" if a.pointer else _FORMATS[a.type_name]
+        off += size
+    return fmt, offsets, off
+
+
+def encode_kernel(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, grid: tuple, block: tuple,
+                  values: Sequence, lengths: Sequence, waits: Sequence, cleanup: list, copy: Any = None,
+                  foreign: Sequence = ()) -> tuple:
+    """``CudaDevice._encode_kernel`` (the hook: ``aiogpu.backend.DeviceHooks``): one
+    ``cuLaunchKernel`` on ``lane`` after ``waits``, under the runtime lock, through
+    ``HotPath.launch``, which writes the lane's completion word too where the lane fuses it
+    (``Lane.fused_word``). A launch that is only a launch is encoded here
+    (``launch_on_lane``); a shader copy or a launch after other libraries' streams goes through
+    ``CudaDevice._encode_kernel_with``."""
+    if copy is None and not foreign:
+        launch_on_lane(device, fut, lane, loaded, grid, block, values, waits, cleanup)
+        return ()
+    return device._encode_kernel_with(fut, lane, loaded, grid, block, values, waits, cleanup, copy, foreign)
+
+
+def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, grid: tuple, block: tuple,
+                   values: Sequence, waits: Sequence, cleanup: list) -> None:
+    """``CudaDevice._encode_kernel`` of a launch that is only a launch (no shader copy, no other
+    library's streams), under the runtime lock: the device-side ``waits``, then one
+    ``HotPath.launch`` that also writes the lane's completion word where the lane fuses it
+    (``Lane.fused_word``), then the lane's completion of ``fut`` (``CudaRuntime._completed_on_lane``,
+    inlined for a launch that wrote the word). Raises ValueError for a grid the device cannot
+    launch and CudaError where a call failed (nothing then completes ``fut``)."""
+    if grid is not loaded.grid or block is not loaded.block:
+        # (a service launches one shape again and again: the same tuples, from the shape cache)
+        (gx, gy, gz), (bx, by, bz) = device.blocks(grid, block)
+        loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz = gx, gy, gz, bx, by, bz
+        loaded.grid, loaded.block = grid, block
+    if loaded.offsets:
+        loaded._pack(loaded._block, 0, *values)
+    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):   # (make_current's test)
+        device.make_current()
+    code = wait_on_device(lane, waits) if waits else 0
+    word = lane.fused_word
+    ticket = lane.ticket + 1
+    if not code:
+        code = lane.hot.launch(loaded.handle, loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz, 0,
+                               lane.sh, loaded.params, word, ticket if word else 0)
+    if code or not word:
+        device.runtime._completed_on_lane(fut, lane, cleanup, code, word)
+        return
+    lane.ticket = ticket
+    fut.lane = lane
+    fut.ticket = ticket
+    fut.queue = lane.name
+    fut.packet = ticket
