@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ._core.hazards import BufferState
 from .errors import NotOnCudaError, RuntimeClosedError
 
 if TYPE_CHECKING:
@@ -332,7 +333,7 @@ def _shape(shape: Any, itemsize: int, room: int) -> tuple[int, ...]:
     return out
 
 
-class Buffer:
+class Buffer(BufferState):
     """``nbytes`` of memory on one device, or a view of part of such memory.
 
     Allocation is synchronous and cheap. ``free()`` (or garbage collection) returns the memory
@@ -349,6 +350,9 @@ class Buffer:
 
     ``allocated_at``: where ``Device.alloc`` made it (a ``traceback.StackSummary``) when its
     runtime tracks allocations (``Runtime.track_allocations``), else None.
+
+    The state the core reads per operation (users, freed, ordering state, the viewed
+    allocation) lives in fields of ``BufferState``, its base (typed where the core is compiled).
     """
 
     allocated_at: Any = None     # (a class default: set per buffer only while tracking)
@@ -519,9 +523,14 @@ class Buffer:
         """One operation using this allocation retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
-            self._give()
-            if self.device.memory.returned:
-                self.device.memory.drain()
+            self._last_user_retired()
+
+    def _last_user_retired(self) -> None:
+        """The last operation using this freed allocation retired (under the runtime lock):
+        the memory goes back now."""
+        self._give()
+        if self.device.memory.returned:
+            self.device.memory.drain()
 
     # -- data ----------------------------------------------------------------------------------
     def to_numpy(self, dtype: Any = None) -> "GPUFuture[np.ndarray]":

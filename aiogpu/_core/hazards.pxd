@@ -3,6 +3,7 @@
 # Integer positions stay Python ints (no C integer fields): a C integer converts True and 1.5
 # silently, and bytes are compared and bisected as Python ints anyway.
 cimport cython
+from aiogpu._core.futures cimport GPUFuture
 
 
 cdef class HostRange:
@@ -38,12 +39,24 @@ cdef class Hazards:
     cpdef _record(self, start, end, fut, bint write)
 
 
+cdef class BufferState:
+    cdef public object _base
+    cdef public Hazards ranges
+    cdef public GPUFuture last_write
+    cdef public list reads
+    cdef public Py_ssize_t users
+    cdef public bint freed
+
+
 cpdef state_of(obj)
 cpdef prune(state)
 @cython.locals(reads=list)
 cdef _prune_fields(state)
 cpdef tuple touching(obj)
-@cython.locals(deps=dict)
+# (a Buffer's fields hold GPUFutures only: a capture orders by ranges, never by them)
+@cython.locals(deps=dict, buf=BufferState, last=GPUFuture, reader=GPUFuture)
 cpdef dict dependencies(reads, writes, after)
 cdef _order_after(dict deps, fut)
+@cython.locals(buf=BufferState, d=GPUFuture)
 cpdef record(fut, reads, writes, deps=*)
+cdef bint _among(obj, list objs)

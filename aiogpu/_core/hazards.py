@@ -19,7 +19,6 @@ from typing import Any, Iterable
 
 from ..errors import DeviceLost, GPUError
 from .futures import GPUFuture, completed_future
-from ..memory import Buffer
 
 
 class HostRange:
@@ -188,6 +187,17 @@ class Hazards:
         self._starts[i:j] = [seg.start for seg in new]
 
 
+class BufferState:
+    """What the core keeps of a Buffer (``aiogpu.memory.Buffer`` derives from it): of an
+    allocation, its ordering state while it is used whole (``last_write``, the readers since in
+    ``reads``; ``ranges``, a Hazards by offset, once views of it are used), how many pending
+    operations use it (``users``) and whether it was freed; of a view, the allocation it views
+    (``_base``; None for an allocation). Typed fields, so that the per-operation code reads
+    them as C fields, compiled."""
+
+    __slots__ = ("_base", "ranges", "last_write", "reads", "users", "freed")
+
+
 def state_of(obj: Any) -> Any:
     """The ordering state of what an operation touches (under the runtime lock): a range as
     given; a Buffer used whole while its allocation has no range state: the allocation itself
@@ -196,7 +206,7 @@ def state_of(obj: Any) -> Any:
 
     (``dependencies`` and ``record`` test the commonest case, an allocation used whole with no
     range state, themselves: it is its own state, and they skip this call per buffer.)"""
-    if type(obj) is not Buffer:
+    if not isinstance(obj, BufferState):
         return obj
     base = obj._base
     root = obj if base is None else base
@@ -217,7 +227,7 @@ def prune(state: Any) -> None:
     failed), so that finished futures, and the results they hold, are not kept alive by the
     memory they touched. A Buffer (or view) prunes its whole allocation; an allocation whose
     ranges are left empty goes back to the fast path."""
-    if type(state) is Buffer:
+    if isinstance(state, BufferState):
         root = state if state._base is None else state._base
         if root.ranges is not None:
             root.ranges.prune(0, root.nbytes)
@@ -261,31 +271,54 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
     for fut in after:
         deps[fut] = True            # retired ones too: failed_dependency checks them
     for obj in reads:
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj             # an allocation used whole: its own state (see state_of)
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                for writer in state.writers():
-                    deps[writer] = True
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                # An allocation used whole: its own state (see state_of). Only its last writer
+                # matters here; its readers leave ``reads`` as they retire (``track``).
+                last = buf.last_write
+                if last is not None:
+                    if last.retired and last._exc is None:
+                        buf.last_write = None
+                    else:
+                        deps[last] = True
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            for writer in state.writers():
+                deps[writer] = True
+            continue
         _prune_fields(state)
         if state.last_write is not None:
             deps[state.last_write] = True
     for obj in writes:
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                for fut in (*state.writers(), *state.readers()):
-                    _order_after(deps, fut)
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                last = buf.last_write   # (no pruning: ``record`` replaces both fields next)
+                if last is not None:
+                    if not last.retired:
+                        if last not in deps:
+                            deps[last] = False
+                    elif last._exc is not None:
+                        _order_after(deps, last)
+                for reader in buf.reads:
+                    if not reader.retired:
+                        if reader not in deps:
+                            deps[reader] = False
+                    elif reader._exc is not None:
+                        _order_after(deps, reader)
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            for fut in (*state.writers(), *state.readers()):
+                _order_after(deps, fut)
+            continue
         _prune_fields(state)
         if state.last_write is not None:
             _order_after(deps, state.last_write)
-        for reader in state.reads:
-            _order_after(deps, reader)
+        for other in state.reads:
+            _order_after(deps, other)
     return deps
 
 
@@ -369,24 +402,40 @@ def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable
     if type(writes) is not list:
         writes = list(writes)
     for obj in writes:
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj             # an allocation used whole: its own state (see state_of)
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                state.hazards._record(state.start, state.end, fut, True)
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                buf.last_write = fut    # an allocation used whole: its own state (see state_of)
+                if buf.reads:           # (an empty list stays: no new list per write)
+                    buf.reads = []
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            state.hazards._record(state.start, state.end, fut, True)
+            continue
         state.last_write = fut
-        state.reads = []
+        if state.reads:
+            state.reads = []
     for obj in reads:
-        if obj in writes:           # written too: its write covers the read (``in`` compares by
-            continue                # identity here: Buffer and HostRange define no __eq__)
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                state.hazards._record(state.start, state.end, fut, False)
+        if writes and _among(obj, writes):   # written too: its write covers the read
+            continue
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                buf.reads.append(fut)
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            state.hazards._record(state.start, state.end, fut, False)
+            continue
         state.reads.append(fut)
+
+
+def _among(obj: Any, objs: list) -> bool:
+    """Whether ``obj`` is one of ``objs`` (by identity: what an operation touches defines no
+    ``__eq__``, and ``in`` would call the comparison per entry)."""
+    for o in objs:
+        if o is obj:
+            return True
+    return False
 
