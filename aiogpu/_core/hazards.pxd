@@ -30,13 +30,22 @@ cdef class Hazards:
 
     cpdef HostRange host(self, address, nbytes)
     cpdef prune_host(self, HostRange state)
+    @cython.locals(i=Py_ssize_t)
     cpdef tuple _span(self, start, end)
+    @cython.locals(seg=_Segment, reads=list, i=Py_ssize_t, j=Py_ssize_t, k=Py_ssize_t)
     cpdef prune(self, start, end)
     cpdef _split(self, at)
     cpdef list _collect(self, start, end, bint writers)
     cpdef _newest_writer(self, start, end)
     cpdef bint _written_by(self, start, end, fut)
+    @cython.locals(seg=_Segment)
     cpdef _record(self, start, end, fut, bint write)
+
+
+@cython.locals(r=HostRange)
+cdef HostRange _range(Hazards hazards, start, end, buffer)
+@cython.locals(seg=_Segment)
+cdef _Segment _segment(start, end, last_write, list reads, seq)
 
 
 cdef class BufferState:

@@ -60,6 +60,21 @@ class _Segment:
         self.start, self.end, self.last_write, self.reads, self.seq = start, end, last_write, reads, seq
 
 
+def _range(hazards: "Hazards", start: int, end: int, buffer: Any) -> HostRange:
+    """``HostRange(hazards, start, end, buffer)``, made without a call to ``__init__`` (per
+    operation on host memory)."""
+    r = HostRange.__new__(HostRange)
+    r.hazards, r.start, r.end, r.buffer = hazards, start, end, buffer
+    return r
+
+
+def _segment(start: int, end: int, last_write: Any, reads: list, seq: int) -> _Segment:
+    """``_Segment(start, end, last_write, reads, seq)``, made without a call to ``__init__``."""
+    seg = _Segment.__new__(_Segment)
+    seg.start, seg.end, seg.last_write, seg.reads, seg.seq = start, end, last_write, reads, seq
+    return seg
+
+
 class Hazards:
     """Ordering state of memory by byte range: the runtime's host memory (and other libraries'
     device arrays) by address, and a Buffer's bytes by offset once views of it are used.
@@ -81,7 +96,7 @@ class Hazards:
 
     def host(self, address: int, nbytes: int) -> HostRange:
         """The ordering state of ``nbytes`` of host memory at ``address``."""
-        return HostRange(self, address, address + nbytes)
+        return _range(self, address, address + nbytes, None)
 
     def prune_host(self, state: HostRange) -> None:
         """Forget what has retired in ``state``'s bytes (an operation on them retired)."""
@@ -103,24 +118,31 @@ class Hazards:
         if not self._segs:              # (nothing recorded: the common case of host memory)
             return
         i, j = self._span(start, end)
-        keep = []
-        for seg in self._segs[i:j]:
+        if i == j:
+            return
+        segs = self._segs
+        k = j
+        while k > i:                    # (backwards: a segment that goes is deleted in place)
+            k -= 1
+            seg = segs[k]
             last = seg.last_write
             if last is not None and last.retired and not (self.keep_failed and last._exc is not None):
                 seg.last_write = None
-            seg.reads = [f for f in seg.reads if not f.retired]
-            if seg.last_write is not None or seg.reads:
-                keep.append(seg)
-        if len(keep) != j - i:
-            self._segs[i:j] = keep
-            self._starts[i:j] = [seg.start for seg in keep]
+            reads = seg.reads
+            for f in reads:             # (a new list only when something retired)
+                if f.retired:
+                    seg.reads = reads = [f for f in reads if not f.retired]
+                    break
+            if seg.last_write is None and not reads:
+                del segs[k]
+                del self._starts[k]
 
     def _split(self, at: int) -> None:
         """Make ``at`` a segment boundary."""
         i = bisect_right(self._starts, at) - 1
         if i >= 0 and self._segs[i].start < at < self._segs[i].end:
             seg = self._segs[i]
-            right = _Segment(at, seg.end, seg.last_write, list(seg.reads), seg.seq)
+            right = _segment(at, seg.end, seg.last_write, list(seg.reads), seg.seq)
             seg.end = at
             self._segs.insert(i + 1, right)
             self._starts.insert(i + 1, at)
@@ -166,23 +188,33 @@ class Hazards:
     def _record(self, start: int, end: int, fut: GPUFuture, write: bool) -> None:
         if start >= end:
             return
+        i, j = self._span(start, end)
+        if i == j:                      # nothing recorded there (the common case of host
+            if write:                   # memory): one new segment, nothing to split
+                self._seq += 1
+                seg = _segment(start, end, fut, [], self._seq)
+            else:
+                seg = _segment(start, end, None, [fut], 0)
+            self._segs.insert(i, seg)
+            self._starts.insert(i, start)
+            return
         self._split(start)
         self._split(end)
         i, j = self._span(start, end)
         if write:               # one segment replaces those it covers
             self._seq += 1
-            self._segs[i:j] = [_Segment(start, end, fut, [], self._seq)]
+            self._segs[i:j] = [_segment(start, end, fut, [], self._seq)]
             self._starts[i:j] = [start]
             return
         new, at = [], start             # a read joins them, and covers the gaps between
         for seg in self._segs[i:j]:
             if seg.start > at:          # bytes nobody used yet
-                new.append(_Segment(at, seg.start, None, [fut], 0))
+                new.append(_segment(at, seg.start, None, [fut], 0))
             seg.reads.append(fut)
             new.append(seg)
             at = seg.end
         if at < end:
-            new.append(_Segment(at, end, None, [fut], 0))
+            new.append(_segment(at, end, None, [fut], 0))
         self._segs[i:j] = new
         self._starts[i:j] = [seg.start for seg in new]
 
@@ -219,7 +251,7 @@ def state_of(obj: Any) -> Any:
             ranges._segs.append(_Segment(0, root.nbytes, root.last_write, root.reads, 0))
             ranges._starts.append(0)
         root.last_write, root.reads = None, []
-    return HostRange(ranges, obj.offset, obj.offset + obj.nbytes, root)
+    return _range(ranges, obj.offset, obj.offset + obj.nbytes, root)
 
 
 def prune(state: Any) -> None:
