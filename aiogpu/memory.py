@@ -289,11 +289,25 @@ class DeviceMemory:
         return self.small.used + len(self.large)
 
 
+# Requests host_dtype accepted (scalar types, names, dtypes) -> the dtype it returned: a copy
+# from an array or a to_numpy names the same few dtypes again and again.
+_HOST_DTYPES: dict = {}
+
+
 def host_dtype(dtype: Any, what: str) -> np.dtype:
     """``dtype`` as a NumPy dtype whose bytes may be written by a device: numeric (bool,
     integer, float, complex, and ml_dtypes' ``bfloat16`` where installed) with a non-zero item
     size, in native byte order. Object, string, void, datetime and structured dtypes raise
     TypeError (raw bytes written into PyObject pointers would crash the process)."""
+    kind = type(dtype)
+    if kind is type or kind is str or isinstance(dtype, np.dtype):
+        got = _HOST_DTYPES.get(dtype)
+        # (a dtype itself only: another that compares equal to it may differ in metadata)
+        if got is not None and (got is dtype or kind is type or kind is str):
+            return got
+        key = dtype
+    else:
+        key = None
     try:
         dtype = np.dtype(dtype)
     except TypeError as exc:
@@ -304,6 +318,8 @@ def host_dtype(dtype: Any, what: str) -> np.dtype:
                         f"float or complex data")
     if not dtype.isnative:
         raise TypeError(f"{what}: dtype {dtype.str} is not in native byte order")
+    if key is not None and len(_HOST_DTYPES) < 256:
+        _HOST_DTYPES[key] = dtype
     return dtype
 
 
