@@ -15,7 +15,7 @@ device memory are ranges of the runtime's own ``Hazards``, by address.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import DeviceLost, GPUError
 from .futures import GPUFuture, completed_future
@@ -229,6 +229,14 @@ class BufferState:
 
     __slots__ = ("_base", "ranges", "last_write", "reads", "users", "freed")
 
+    if TYPE_CHECKING:
+        _base: Any
+        ranges: Hazards | None
+        last_write: GPUFuture | None
+        reads: list[GPUFuture]
+        users: int
+        freed: bool
+
 
 def state_of(obj: Any) -> Any:
     """The ordering state of what an operation touches (under the runtime lock): a range as
@@ -241,17 +249,18 @@ def state_of(obj: Any) -> Any:
     if not isinstance(obj, BufferState):
         return obj
     base = obj._base
-    root = obj if base is None else base
+    root: Any = obj if base is None else base     # (Buffers: their sizes and offsets too)
+    view: Any = obj
     ranges = root.ranges
     if ranges is None:
-        if obj.nbytes == root.nbytes:
+        if view.nbytes == root.nbytes:
             return root
         ranges = root.ranges = Hazards(keep_failed=True)
         if root.last_write is not None or root.reads:
             ranges._segs.append(_Segment(0, root.nbytes, root.last_write, root.reads, 0))
             ranges._starts.append(0)
         root.last_write, root.reads = None, []
-    return _range(ranges, obj.offset, obj.offset + obj.nbytes, root)
+    return _range(ranges, view.offset, view.offset + view.nbytes, root)
 
 
 def prune(state: Any) -> None:
@@ -260,7 +269,7 @@ def prune(state: Any) -> None:
     memory they touched. A Buffer (or view) prunes its whole allocation; an allocation whose
     ranges are left empty goes back to the fast path."""
     if isinstance(state, BufferState):
-        root = state if state._base is None else state._base
+        root: Any = state if state._base is None else state._base
         if root.ranges is not None:
             root.ranges.prune(0, root.nbytes)
             if not root.ranges._segs:
