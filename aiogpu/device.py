@@ -239,7 +239,8 @@ class Device(DeviceHooks):
         if nbytes > SMALL_LIMIT:       # (only a large request can exceed the device)
             self._check_room(nbytes)
         rt = self.runtime
-        rt._check_open()
+        if rt.closed:
+            rt._check_open()            # (raises)
         memory = self.memory
         # The steady state: a piece from the size class's cache, with no lock (see ``take``).
         address = memory.take(nbytes)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from ._core.hazards import BufferState
 from .errors import NotOnCudaError, RuntimeClosedError
 
 if TYPE_CHECKING:
@@ -288,11 +289,25 @@ class DeviceMemory:
         return self.small.used + len(self.large)
 
 
+# Requests host_dtype accepted (scalar types, names, dtypes) -> the dtype it returned: a copy
+# from an array or a to_numpy names the same few dtypes again and again.
+_HOST_DTYPES: dict = {}
+
+
 def host_dtype(dtype: Any, what: str) -> np.dtype:
     """``dtype`` as a NumPy dtype whose bytes may be written by a device: numeric (bool,
     integer, float, complex, and ml_dtypes' ``bfloat16`` where installed) with a non-zero item
     size, in native byte order. Object, string, void, datetime and structured dtypes raise
     TypeError (raw bytes written into PyObject pointers would crash the process)."""
+    kind = type(dtype)
+    if kind is type or kind is str or isinstance(dtype, np.dtype):
+        got = _HOST_DTYPES.get(dtype)
+        # (a dtype itself only: another that compares equal to it may differ in metadata)
+        if got is not None and (got is dtype or kind is type or kind is str):
+            return got
+        key = dtype
+    else:
+        key = None
     try:
         dtype = np.dtype(dtype)
     except TypeError as exc:
@@ -303,6 +318,8 @@ def host_dtype(dtype: Any, what: str) -> np.dtype:
                         f"float or complex data")
     if not dtype.isnative:
         raise TypeError(f"{what}: dtype {dtype.str} is not in native byte order")
+    if key is not None and len(_HOST_DTYPES) < 256:
+        _HOST_DTYPES[key] = dtype
     return dtype
 
 
@@ -332,7 +349,7 @@ def _shape(shape: Any, itemsize: int, room: int) -> tuple[int, ...]:
     return out
 
 
-class Buffer:
+class Buffer(BufferState):
     """``nbytes`` of memory on one device, or a view of part of such memory.
 
     Allocation is synchronous and cheap. ``free()`` (or garbage collection) returns the memory
@@ -349,6 +366,9 @@ class Buffer:
 
     ``allocated_at``: where ``Device.alloc`` made it (a ``traceback.StackSummary``) when its
     runtime tracks allocations (``Runtime.track_allocations``), else None.
+
+    The state the core reads per operation (users, freed, ordering state, the viewed
+    allocation) lives in fields of ``BufferState``, its base (typed where the core is compiled).
     """
 
     allocated_at: Any = None     # (a class default: set per buffer only while tracking)
@@ -519,9 +539,14 @@ class Buffer:
         """One operation using this allocation retired (under the runtime lock)."""
         self.users -= 1
         if self.users == 0 and self.freed:
-            self._give()
-            if self.device.memory.returned:
-                self.device.memory.drain()
+            self._last_user_retired()
+
+    def _last_user_retired(self) -> None:
+        """The last operation using this freed allocation retired (under the runtime lock):
+        the memory goes back now."""
+        self._give()
+        if self.device.memory.returned:
+            self.device.memory.drain()
 
     # -- data ----------------------------------------------------------------------------------
     def to_numpy(self, dtype: Any = None) -> "GPUFuture[np.ndarray]":

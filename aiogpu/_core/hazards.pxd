@@ -3,6 +3,7 @@
 # Integer positions stay Python ints (no C integer fields): a C integer converts True and 1.5
 # silently, and bytes are compared and bisected as Python ints anyway.
 cimport cython
+from aiogpu._core.futures cimport GPUFuture
 
 
 cdef class HostRange:
@@ -29,13 +30,31 @@ cdef class Hazards:
 
     cpdef HostRange host(self, address, nbytes)
     cpdef prune_host(self, HostRange state)
+    @cython.locals(i=Py_ssize_t)
     cpdef tuple _span(self, start, end)
+    @cython.locals(seg=_Segment, reads=list, i=Py_ssize_t, j=Py_ssize_t, k=Py_ssize_t)
     cpdef prune(self, start, end)
     cpdef _split(self, at)
     cpdef list _collect(self, start, end, bint writers)
     cpdef _newest_writer(self, start, end)
     cpdef bint _written_by(self, start, end, fut)
+    @cython.locals(seg=_Segment)
     cpdef _record(self, start, end, fut, bint write)
+
+
+@cython.locals(r=HostRange)
+cdef HostRange _range(Hazards hazards, start, end, buffer)
+@cython.locals(seg=_Segment)
+cdef _Segment _segment(start, end, last_write, list reads, seq)
+
+
+cdef class BufferState:
+    cdef public object _base
+    cdef public Hazards ranges
+    cdef public GPUFuture last_write
+    cdef public list reads
+    cdef public Py_ssize_t users
+    cdef public bint freed
 
 
 cpdef state_of(obj)
@@ -43,7 +62,10 @@ cpdef prune(state)
 @cython.locals(reads=list)
 cdef _prune_fields(state)
 cpdef tuple touching(obj)
-@cython.locals(deps=dict)
+# (a Buffer's fields hold GPUFutures only: a capture orders by ranges, never by them)
+@cython.locals(deps=dict, buf=BufferState, last=GPUFuture, reader=GPUFuture)
 cpdef dict dependencies(reads, writes, after)
 cdef _order_after(dict deps, fut)
+@cython.locals(buf=BufferState, d=GPUFuture)
 cpdef record(fut, reads, writes, deps=*)
+cdef bint _among(obj, list objs)

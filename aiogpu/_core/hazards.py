@@ -15,11 +15,10 @@ device memory are ranges of the runtime's own ``Hazards``, by address.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import DeviceLost, GPUError
 from .futures import GPUFuture, completed_future
-from ..memory import Buffer
 
 
 class HostRange:
@@ -61,6 +60,21 @@ class _Segment:
         self.start, self.end, self.last_write, self.reads, self.seq = start, end, last_write, reads, seq
 
 
+def _range(hazards: "Hazards", start: int, end: int, buffer: Any) -> HostRange:
+    """``HostRange(hazards, start, end, buffer)``, made without a call to ``__init__`` (per
+    operation on host memory)."""
+    r = HostRange.__new__(HostRange)
+    r.hazards, r.start, r.end, r.buffer = hazards, start, end, buffer
+    return r
+
+
+def _segment(start: int, end: int, last_write: Any, reads: list, seq: int) -> _Segment:
+    """``_Segment(start, end, last_write, reads, seq)``, made without a call to ``__init__``."""
+    seg = _Segment.__new__(_Segment)
+    seg.start, seg.end, seg.last_write, seg.reads, seg.seq = start, end, last_write, reads, seq
+    return seg
+
+
 class Hazards:
     """Ordering state of memory by byte range: the runtime's host memory (and other libraries'
     device arrays) by address, and a Buffer's bytes by offset once views of it are used.
@@ -82,7 +96,7 @@ class Hazards:
 
     def host(self, address: int, nbytes: int) -> HostRange:
         """The ordering state of ``nbytes`` of host memory at ``address``."""
-        return HostRange(self, address, address + nbytes)
+        return _range(self, address, address + nbytes, None)
 
     def prune_host(self, state: HostRange) -> None:
         """Forget what has retired in ``state``'s bytes (an operation on them retired)."""
@@ -104,24 +118,31 @@ class Hazards:
         if not self._segs:              # (nothing recorded: the common case of host memory)
             return
         i, j = self._span(start, end)
-        keep = []
-        for seg in self._segs[i:j]:
+        if i == j:
+            return
+        segs = self._segs
+        k = j
+        while k > i:                    # (backwards: a segment that goes is deleted in place)
+            k -= 1
+            seg = segs[k]
             last = seg.last_write
             if last is not None and last.retired and not (self.keep_failed and last._exc is not None):
                 seg.last_write = None
-            seg.reads = [f for f in seg.reads if not f.retired]
-            if seg.last_write is not None or seg.reads:
-                keep.append(seg)
-        if len(keep) != j - i:
-            self._segs[i:j] = keep
-            self._starts[i:j] = [seg.start for seg in keep]
+            reads = seg.reads
+            for f in reads:             # (a new list only when something retired)
+                if f.retired:
+                    seg.reads = reads = [f for f in reads if not f.retired]
+                    break
+            if seg.last_write is None and not reads:
+                del segs[k]
+                del self._starts[k]
 
     def _split(self, at: int) -> None:
         """Make ``at`` a segment boundary."""
         i = bisect_right(self._starts, at) - 1
         if i >= 0 and self._segs[i].start < at < self._segs[i].end:
             seg = self._segs[i]
-            right = _Segment(at, seg.end, seg.last_write, list(seg.reads), seg.seq)
+            right = _segment(at, seg.end, seg.last_write, list(seg.reads), seg.seq)
             seg.end = at
             self._segs.insert(i + 1, right)
             self._starts.insert(i + 1, at)
@@ -167,25 +188,54 @@ class Hazards:
     def _record(self, start: int, end: int, fut: GPUFuture, write: bool) -> None:
         if start >= end:
             return
+        i, j = self._span(start, end)
+        if i == j:                      # nothing recorded there (the common case of host
+            if write:                   # memory): one new segment, nothing to split
+                self._seq += 1
+                seg = _segment(start, end, fut, [], self._seq)
+            else:
+                seg = _segment(start, end, None, [fut], 0)
+            self._segs.insert(i, seg)
+            self._starts.insert(i, start)
+            return
         self._split(start)
         self._split(end)
         i, j = self._span(start, end)
         if write:               # one segment replaces those it covers
             self._seq += 1
-            self._segs[i:j] = [_Segment(start, end, fut, [], self._seq)]
+            self._segs[i:j] = [_segment(start, end, fut, [], self._seq)]
             self._starts[i:j] = [start]
             return
         new, at = [], start             # a read joins them, and covers the gaps between
         for seg in self._segs[i:j]:
             if seg.start > at:          # bytes nobody used yet
-                new.append(_Segment(at, seg.start, None, [fut], 0))
+                new.append(_segment(at, seg.start, None, [fut], 0))
             seg.reads.append(fut)
             new.append(seg)
             at = seg.end
         if at < end:
-            new.append(_Segment(at, end, None, [fut], 0))
+            new.append(_segment(at, end, None, [fut], 0))
         self._segs[i:j] = new
         self._starts[i:j] = [seg.start for seg in new]
+
+
+class BufferState:
+    """What the core keeps of a Buffer (``aiogpu.memory.Buffer`` derives from it): of an
+    allocation, its ordering state while it is used whole (``last_write``, the readers since in
+    ``reads``; ``ranges``, a Hazards by offset, once views of it are used), how many pending
+    operations use it (``users``) and whether it was freed; of a view, the allocation it views
+    (``_base``; None for an allocation). Typed fields, so that the per-operation code reads
+    them as C fields, compiled."""
+
+    __slots__ = ("_base", "ranges", "last_write", "reads", "users", "freed")
+
+    if TYPE_CHECKING:
+        _base: Any
+        ranges: Hazards | None
+        last_write: GPUFuture | None
+        reads: list[GPUFuture]
+        users: int
+        freed: bool
 
 
 def state_of(obj: Any) -> Any:
@@ -196,20 +246,21 @@ def state_of(obj: Any) -> Any:
 
     (``dependencies`` and ``record`` test the commonest case, an allocation used whole with no
     range state, themselves: it is its own state, and they skip this call per buffer.)"""
-    if type(obj) is not Buffer:
+    if not isinstance(obj, BufferState):
         return obj
     base = obj._base
-    root = obj if base is None else base
+    root: Any = obj if base is None else base     # (Buffers: their sizes and offsets too)
+    view: Any = obj
     ranges = root.ranges
     if ranges is None:
-        if obj.nbytes == root.nbytes:
+        if view.nbytes == root.nbytes:
             return root
         ranges = root.ranges = Hazards(keep_failed=True)
         if root.last_write is not None or root.reads:
             ranges._segs.append(_Segment(0, root.nbytes, root.last_write, root.reads, 0))
             ranges._starts.append(0)
         root.last_write, root.reads = None, []
-    return HostRange(ranges, obj.offset, obj.offset + obj.nbytes, root)
+    return _range(ranges, view.offset, view.offset + view.nbytes, root)
 
 
 def prune(state: Any) -> None:
@@ -217,8 +268,8 @@ def prune(state: Any) -> None:
     failed), so that finished futures, and the results they hold, are not kept alive by the
     memory they touched. A Buffer (or view) prunes its whole allocation; an allocation whose
     ranges are left empty goes back to the fast path."""
-    if type(state) is Buffer:
-        root = state if state._base is None else state._base
+    if isinstance(state, BufferState):
+        root: Any = state if state._base is None else state._base
         if root.ranges is not None:
             root.ranges.prune(0, root.nbytes)
             if not root.ranges._segs:
@@ -261,31 +312,54 @@ def dependencies(reads: Iterable[Any], writes: Iterable[Any], after: Iterable[GP
     for fut in after:
         deps[fut] = True            # retired ones too: failed_dependency checks them
     for obj in reads:
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj             # an allocation used whole: its own state (see state_of)
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                for writer in state.writers():
-                    deps[writer] = True
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                # An allocation used whole: its own state (see state_of). Only its last writer
+                # matters here; its readers leave ``reads`` as they retire (``track``).
+                last = buf.last_write
+                if last is not None:
+                    if last.retired and last._exc is None:
+                        buf.last_write = None
+                    else:
+                        deps[last] = True
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            for writer in state.writers():
+                deps[writer] = True
+            continue
         _prune_fields(state)
         if state.last_write is not None:
             deps[state.last_write] = True
     for obj in writes:
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                for fut in (*state.writers(), *state.readers()):
-                    _order_after(deps, fut)
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                last = buf.last_write   # (no pruning: ``record`` replaces both fields next)
+                if last is not None:
+                    if not last.retired:
+                        if last not in deps:
+                            deps[last] = False
+                    elif last._exc is not None:
+                        _order_after(deps, last)
+                for reader in buf.reads:
+                    if not reader.retired:
+                        if reader not in deps:
+                            deps[reader] = False
+                    elif reader._exc is not None:
+                        _order_after(deps, reader)
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            for fut in (*state.writers(), *state.readers()):
+                _order_after(deps, fut)
+            continue
         _prune_fields(state)
         if state.last_write is not None:
             _order_after(deps, state.last_write)
-        for reader in state.reads:
-            _order_after(deps, reader)
+        for other in state.reads:
+            _order_after(deps, other)
     return deps
 
 
@@ -369,24 +443,40 @@ def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable
     if type(writes) is not list:
         writes = list(writes)
     for obj in writes:
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj             # an allocation used whole: its own state (see state_of)
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                state.hazards._record(state.start, state.end, fut, True)
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                buf.last_write = fut    # an allocation used whole: its own state (see state_of)
+                if buf.reads:           # (an empty list stays: no new list per write)
+                    buf.reads = []
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            state.hazards._record(state.start, state.end, fut, True)
+            continue
         state.last_write = fut
-        state.reads = []
+        if state.reads:
+            state.reads = []
     for obj in reads:
-        if obj in writes:           # written too: its write covers the read (``in`` compares by
-            continue                # identity here: Buffer and HostRange define no __eq__)
-        if type(obj) is Buffer and obj._base is None and obj.ranges is None:
-            state = obj
-        else:
-            state = state_of(obj)
-            if isinstance(state, HostRange):
-                state.hazards._record(state.start, state.end, fut, False)
+        if writes and _among(obj, writes):   # written too: its write covers the read
+            continue
+        if isinstance(obj, BufferState):
+            buf = obj
+            if buf._base is None and buf.ranges is None:
+                buf.reads.append(fut)
                 continue
+        state = state_of(obj)
+        if isinstance(state, HostRange):
+            state.hazards._record(state.start, state.end, fut, False)
+            continue
         state.reads.append(fut)
+
+
+def _among(obj: Any, objs: list) -> bool:
+    """Whether ``obj`` is one of ``objs`` (by identity: what an operation touches defines no
+    ``__eq__``, and ``in`` would call the comparison per entry)."""
+    for o in objs:
+        if o is obj:
+            return True
+    return False
 

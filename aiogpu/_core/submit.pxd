@@ -1,6 +1,7 @@
 # Types for submit.py's per-operation functions (the source is submit.py).
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.hazards cimport BufferState, record
 
 cdef class LaneOrder:
     cdef public list lanes
@@ -24,5 +25,22 @@ cpdef object launch(object rt, object device, object loaded, object label, objec
 cpdef _submitted(object rt, GPUFuture fut, dict deps, object waits, object keys, object reads, object writes,
                  object keep, list cleanup)
 
-@cython.locals(views=list, roots=list, hosts=list, d=GPUFuture)
+cdef class _Held:
+    cdef object ranges
+    cdef GPUFuture fut
+    cdef BufferState first, second
+    cdef list more, hosts, cleanup, views
+    cdef bint twice
+
+    @cython.locals(views=list, buf=BufferState, root=BufferState)
+    cpdef add(self, object s, bint write)
+    @cython.locals(fut=GPUFuture, reads=list, n=Py_ssize_t, i=Py_ssize_t, users=Py_ssize_t)
+    cpdef release(self, BufferState buf)
+
+
+@cython.locals(held=_Held)
+cdef _Held _new_held(object ranges, GPUFuture fut)
+
+
+@cython.locals(held=_Held, views=list, d=GPUFuture)
 cpdef track(object rt, GPUFuture fut, object reads, object writes, object deps=*, object keep=*, object cleanup=*)

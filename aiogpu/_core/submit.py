@@ -12,14 +12,14 @@ All of it runs under the runtime's lock.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from . import hazards
 from . import deferred
 from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
-from ..memory import Buffer
 from .futures import PENDING, GPUFuture
+from .hazards import BufferState, record
 
 # The waits of an operation with no dependency (encoders only read them).
 _NO_WAITS: tuple = ()
@@ -206,7 +206,7 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     return fut
 
 
-def fill(rt: Any, device: Any, buf: Buffer, word: int, deps: dict) -> GPUFuture:
+def fill(rt: Any, device: Any, buf: Any, word: int, deps: dict) -> GPUFuture:
     """A fill of ``buf`` with a 32-bit word: the backend's own fill where it has one
     (``native_fill``), else the built-in fill kernel."""
     label = f"fill {buf.nbytes} B"
@@ -218,7 +218,7 @@ def fill(rt: Any, device: Any, buf: Buffer, word: int, deps: dict) -> GPUFuture:
                    functools.partial(_encode_fill, device, buf, word))
 
 
-def _encode_fill(device: Any, buf: Buffer, word: int, fut: GPUFuture, lane: Any, waits: list,
+def _encode_fill(device: Any, buf: Any, word: int, fut: GPUFuture, lane: Any, waits: list,
                  cleanup: list) -> Iterable[int]:
     return device._encode_fill(fut, lane, buf, word, waits, cleanup)
 
@@ -377,38 +377,132 @@ def track(rt: Any, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iter
         reads = list(reads)
     if type(writes) is not list:
         writes = list(writes)
-    hazards.record(fut, reads, writes, deps)
-    views: list[Buffer] = []            # the buffers and views used, once each (kept alive)
-    roots: list[Buffer] = []            # their allocations, once each (counted as users)
-    hosts: list[hazards.HostRange] = []
-    # (``in`` compares by identity here: Buffer and HostRange define no __eq__.)
-    for group in (reads, writes):
-        for s in group:
-            kind = type(s)
-            if kind is Buffer:
-                if s not in views:
-                    views.append(s)
-                    root = s if s._base is None else s._base
-                    if root not in roots:
-                        roots.append(root)
-            elif kind is hazards.HostRange and s not in hosts:
-                hosts.append(s)
-    for buf in roots:
-        buf.users += 1
+    record(fut, reads, writes, deps)
+    held = _new_held(rt.hazards, fut)
+    for s in reads:
+        held.add(s, False)
+    for s in writes:
+        held.add(s, True)
+    if cleanup:
+        held.cleanup = list(cleanup)
+    views = held.views
     if views or keep:
-        fut.keep = [*fut.keep, *views, *keep]
-    cleanup = list(cleanup) if cleanup else []
-    if roots or hosts or cleanup:
-        fut._cleanup = [*fut._cleanup, functools.partial(_retired, rt.hazards, cleanup, roots, hosts)]
+        fut.keep = views if not fut.keep and not keep else [*fut.keep, *views, *keep]
+    if held.first is not None or held.hosts is not None or held.cleanup is not None:
+        fut._cleanup = [held] if not fut._cleanup else [*fut._cleanup, held]
 
 
-def _retired(ranges: Any, cleanup: list, bufs: list, hosts: list) -> None:
-    """What ``track`` runs once an operation retired: its cleanup, then the buffers and host
-    ranges (of ``ranges``, the runtime's Hazards) it used let go of it."""
-    for fn in cleanup:
-        fn()
-    for buf in bufs:
-        buf._unuse()
-        hazards.prune(buf)         # finished work (and its results) is not kept alive
-    for state in hosts:
-        ranges.prune_host(state)
+def _new_held(ranges: Any, fut: GPUFuture) -> "_Held":
+    """A ``_Held`` for ``fut`` (made without a call to ``__init__``: this runs per operation)."""
+    held = _Held.__new__(_Held)
+    held.ranges, held.fut = ranges, fut
+    held.first = held.second = None
+    held.more = held.hosts = held.cleanup = None
+    held.views = []
+    held.twice = False
+    return held
+
+
+class _Held:
+    """What ``track`` hangs on a future's cleanup: the allocations it counts as a user (the
+    first two in fields of their own, so that the common launch of two buffers builds no
+    list for them), the host ranges it used (of ``ranges``, the runtime's Hazards) and the
+    operation's own cleanup. Called once the future retired (under the lock): the cleanup
+    runs, then each allocation lets go of the future (its memory goes back if it was freed
+    meanwhile, and its ordering state forgets the future: finished work, and the results it
+    holds, are not kept alive by the memory it touched), then each host range forgets what
+    retired. Holds the future until then (a cycle that its retirement breaks)."""
+
+    __slots__ = ("ranges", "fut", "first", "second", "more", "hosts", "cleanup", "views", "twice")
+
+    if TYPE_CHECKING:
+        ranges: Any
+        fut: GPUFuture | None
+        first: Any                      # the allocations used, once each
+        second: Any
+        more: list | None
+        hosts: list | None
+        cleanup: list | None
+        views: list                     # the buffers and views used, once each (kept alive)
+        # An allocation read twice, or used through two of its views (the future may then be
+        # its last writer and one of its readers, or a reader twice): ``release`` then looks
+        # for every entry.
+        twice: bool
+
+    def add(self, s: Any, write: bool) -> None:
+        """Count ``s`` (one of an operation's reads, then its writes) as used."""
+        if isinstance(s, BufferState):
+            views = self.views
+            for v in views:             # (identity: Buffer defines no __eq__)
+                if v is s:
+                    if not write:       # read twice: recorded twice (``hazards.record``); a
+                        self.twice = True   # read that is written too is recorded as the write
+                    return
+            views.append(s)
+            buf = s
+            base = buf._base
+            root = buf if base is None else base
+            if root is self.first or root is self.second:
+                self.twice = True
+                return
+            if self.first is None:
+                self.first = root
+            elif self.second is None:
+                self.second = root
+            elif self.more is None:
+                self.more = [root]
+            else:
+                for r in self.more:
+                    if r is root:
+                        self.twice = True
+                        return
+                self.more.append(root)
+            root.users += 1             # (one user per operation, however often it names it)
+        elif type(s) is hazards.HostRange:
+            if self.hosts is None:
+                self.hosts = [s]
+            elif s not in self.hosts:   # (identity: HostRange defines no __eq__)
+                self.hosts.append(s)
+
+    def __call__(self) -> None:
+        if self.cleanup is not None:
+            for fn in self.cleanup:
+                fn()
+        if self.first is not None:
+            self.release(self.first)
+            if self.second is not None:
+                self.release(self.second)
+                if self.more is not None:
+                    for buf in self.more:
+                        self.release(buf)
+        if self.hosts is not None:
+            for state in self.hosts:
+                self.ranges.prune_host(state)
+        self.fut = None
+
+    def release(self, buf: Any) -> None:
+        """``buf`` (an allocation) lets go of the retired future."""
+        users = buf.users - 1
+        buf.users = users
+        if users == 0 and buf.freed:
+            buf._last_user_retired()
+        if buf.ranges is not None:
+            hazards.prune(buf)
+            return
+        fut = self.fut
+        if buf.last_write is fut:
+            if fut._exc is None:        # (a failed write leaves the memory undefined: it stays)
+                buf.last_write = None
+            if not self.twice:
+                return                  # (used once, as a write: it is none of the readers)
+        reads = buf.reads
+        n = len(reads)
+        i = 0
+        while i < n:
+            if reads[i] is fut:
+                del reads[i]
+                if not self.twice:
+                    return
+                n -= 1
+            else:
+                i += 1

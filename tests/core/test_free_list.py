@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from aiogpu.memory import BLOCK, CACHE_BYTES, CACHE_MIN, SMALL_LIMIT, BuddyAllocator
-from gpu_kernels import freed_while_in_use
+from gpu_kernels import Gate, add_into, freed_while_in_use
 
 
 def _buddy():
@@ -122,6 +122,47 @@ async def test_a_piece_freed_while_a_kernel_uses_it_is_not_reused_before(rt):
     for b in (*others, later):
         b.free()
     assert await rt.leaks_async() == {}
+
+
+def test_buffers_freed_while_a_launch_uses_them_go_back_when_it_retires(rt):
+    """Fresh buffers (no earlier work) as a launch's written and read arguments, and one named
+    twice: each counts the launch as one user, so freeing any of them while it waits keeps the
+    memory until it has retired, and then gives it back."""
+    d0 = rt.devices[0]
+    gate = Gate()
+    held = gate.launch(d0)
+    dst, src, both = d0.alloc(64), d0.alloc(64), d0.alloc(64)
+    first = d0.launch(add_into, grid=(1,), block=(1,), args=(dst, src, 8), after=[held])
+    second = d0.launch(add_into, grid=(1,), block=(1,), args=(both, both, 8), after=[held])
+    for b in (dst, src, both):
+        b.free()
+    assert [b.released for b in (dst, src, both)] == [False, False, False]
+    gate.open()
+    assert first.wait(10) and second.wait(10)
+    assert first.exception() is None and second.exception() is None
+    assert [b.released for b in (dst, src, both)] == [True, True, True]
+    assert rt.leaks() == {}
+
+
+def test_retired_work_is_not_kept_by_the_buffers_it_used(rt):
+    """Once a launch has retired, the buffers it read and wrote no longer refer to it (nor to
+    the results it holds): readers leave as they retire, a successful writer too."""
+    d0 = rt.devices[0]
+    gate = Gate()
+    held = gate.launch(d0)
+    dst, src = d0.alloc(64), d0.alloc(64)
+    futs = [d0.launch(add_into, grid=(1,), block=(1,), args=(o, src, 8), after=[held])
+            for o in (dst, d0.alloc(64), d0.alloc(64))]
+    assert len(src.reads) == 3 and dst.last_write is futs[0]
+    gate.open()
+    for f in futs:
+        assert f.wait(10)
+    for _ in range(1000):       # (retirement may follow completion on the waiter thread)
+        if all(f.retired for f in futs):
+            break
+        threading.Event().wait(0.01)
+    with rt.lock:
+        assert src.reads == [] and dst.last_write is None
 
 
 def test_concurrent_alloc_and_free_hand_out_each_piece_once(rt):

@@ -172,7 +172,6 @@ CORE_MAY_IMPORT = {
     "aiogpu.backend": "the hooks the hub calls (CompletionHooks)",
     "aiogpu._loops": "awaiters are woken through each event loop's port",
     "aiogpu.trace": "a completion is recorded when a trace is active",
-    "aiogpu.memory": "the Buffer type whose hazards and users it records",
     "aiogpu.kernels": "the built-in fill and copy kernels submission launches",
 }
 

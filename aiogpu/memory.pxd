@@ -1,0 +1,48 @@
+# Types for the compiled build of memory.py (Cython 3, pure-Python mode): the allocators as
+# extension types with typed fields, their per-allocation methods as C calls to one another.
+# Buffer stays a Python class (its instance dict carries the ``_owned`` flag that a dict pop
+# gives back exactly once), deriving from the core's typed BufferState; its methods compile.
+# Each size class's cache list stays untyped (any list-like works; a test races a subclass).
+# Byte counts and addresses stay Python ints (no C integer arguments: a C integer converts
+# True and 1.5 silently, and sizes beyond 2**63 must raise what they raise interpreted).
+cimport cython
+
+
+cdef class BuddyAllocator:
+    cdef public object _get_block, _put_block
+    cdef public dict _free
+    cdef public dict _used
+    cdef public list _cache
+    cdef public list _cap
+    cdef public object blocks
+
+    @cython.locals(order=Py_ssize_t, found=Py_ssize_t, free=dict)
+    cpdef alloc(self, nbytes)
+    @cython.locals(order=Py_ssize_t)
+    cpdef take_cached(self, nbytes)
+    @cython.locals(order=object)
+    cpdef bint recycle(self, addr)
+    @cython.locals(order=Py_ssize_t)
+    cpdef free(self, addr)
+    cpdef _merge(self, addr, order)
+    @cython.locals(order=Py_ssize_t)
+    cpdef flush(self)
+
+
+cdef class DeviceMemory:
+    cdef public object _raw_alloc, _raw_free
+    cdef public dict _bases, _sizes, _cache
+    cdef public object cached_bytes
+    cdef public BuddyAllocator small
+    cdef public dict large
+    cdef public object returned
+    cdef public bint destroyed
+
+    cpdef give_back(self, address)
+    cpdef take(self, nbytes)
+    cpdef drain(self)
+    cpdef alloc(self, nbytes)
+    cpdef free(self, addr)
+    cpdef _aligned(self, size)
+    cpdef _from_driver(self, size)
+    cpdef _release(self, addr)
