@@ -129,7 +129,8 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
             value = args[i]
             pointer, low, high = plan[i]
             if pointer:
-                if (type(value) is not Buffer or value._base is not None or value.typed_dtype is not None
+                # (BufferState's one subclass is memory.Buffer, which the core does not import)
+                if (not isinstance(value, BufferState) or value._base is not None or value.typed_dtype is not None
                         or value.freed or value.device is not device):
                     return None
                 values.append(value.address)
