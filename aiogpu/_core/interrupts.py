@@ -35,16 +35,34 @@ import threading
 from types import FrameType, TracebackType
 from typing import Any, Callable
 
+try:
+    import cython
+except ImportError:            # interpreted, where Cython is not installed
+    class cython:  # type: ignore[no-redef]
+        compiled = False
+if not cython.compiled:
+    # Compiled, the .pxd's C function of that name: the main-thread test costs no Python call.
+    from threading import get_ident as PyThread_get_thread_ident
+
 SIGINT = _signal.SIGINT
-_getsignal, _setsignal, _get_ident = _signal.getsignal, _signal.signal, threading.get_ident
+# Module globals that tests may replace (they are read only when a handler is swapped).
+_getsignal, _setsignal = _signal.getsignal, _signal.signal
 _running_loop = asyncio._get_running_loop
+_default_handler = _signal.default_int_handler
 _MAIN = threading.main_thread().ident
 
-# The main thread's hold state (only it runs signal handlers, so only it touches these):
+# The main thread's hold state (only it runs signal handlers, so only it touches these; compiled,
+# they are C variables, so that a hold changes no module dict):
 _depth = 0                          # holds in progress
 _saved: Callable | None = None      # the handler ``_record`` stands in for, while installed
 _arrived = False                    # a SIGINT came during the current outermost hold
 _restore_on: Any = None             # the loop that ``_restore`` was last queued on
+
+
+def state() -> tuple[int, Callable | None, bool]:
+    """The main thread's hold state, for tests: (holds in progress, the handler ``_record``
+    stands in for while it is installed, whether a SIGINT arrived during the current hold)."""
+    return _depth, _saved, _arrived
 
 
 def _record(signum: int, frame: FrameType | None) -> None:
@@ -54,11 +72,11 @@ def _record(signum: int, frame: FrameType | None) -> None:
     if _depth:
         _arrived = True
         return
-    previous = _saved if _saved is not None else _signal.default_int_handler
+    previous = _saved if _saved is not None else _default_handler
     previous(signum, frame)
 
 
-def _enter() -> None:
+def _enter() -> int:
     """Begin a hold on the main thread (install ``_record`` at the outermost one)."""
     global _depth, _saved
     if _depth == 0:
@@ -71,6 +89,7 @@ def _enter() -> None:
             else:                          # SIG_IGN, SIG_DFL, or not set from Python
                 _saved = None
     _depth += 1
+    return 0
 
 
 def _exit() -> Callable | None:
@@ -89,7 +108,7 @@ def _exit() -> Callable | None:
         # Python's default handler is never left in place: asyncio.Runner installs its own
         # only over that one, and a loop that stops right after this iteration (its restore
         # still queued) must not change what the next ``asyncio.run`` does on Ctrl-C.
-        loop = _running_loop() if _saved is not _signal.default_int_handler else None
+        loop = _running_loop() if _saved is not _default_handler else None
         if loop is None:
             _uninstall()
         elif _restore_on is not loop:  # on a loop: once this iteration's callbacks have run
@@ -109,21 +128,22 @@ def _restore() -> None:
         _uninstall()
 
 
-def _uninstall() -> None:
+def _uninstall() -> int:
     """Put the handler ``_record`` stands in for back, unless someone replaced ``_record``."""
     global _saved
     if _saved is None:
-        return
+        return 0
     if _getsignal(SIGINT) is _record:
         # (A SIGINT pending from just before runs ``_record`` here, which forwards it: it
         # raises before the swap, and ``_saved`` stays valid for the next attempt.)
         _setsignal(SIGINT, _saved)
     _saved = None
+    return 0
 
 
 def hold() -> bool:
     """Hold SIGINT back on the main thread; True if this thread holds (then call ``release``)."""
-    if _get_ident() != _MAIN:
+    if PyThread_get_thread_ident() != _MAIN:
         return False
     _enter()
     return True
@@ -151,46 +171,47 @@ class InterruptSafeLock:
     never halfway through the holder's own work). ``drain`` must not raise.
     """
 
-    __slots__ = ("raw", "_held", "backlog", "drain")
+    __slots__ = ("raw", "_held", "backlog", "drain", "_acquire", "_release")
 
     def __init__(self) -> None:
         self.raw = threading.RLock()
+        self._acquire, self._release = self.raw.acquire, self.raw.release   # (no lookup per use)
         self._held = 0                  # the holder's nesting in ``with``/``try_run`` (any thread)
         self.backlog: Any = ()          # truthy while work waits for the holder
         self.drain: Callable[[], None] | None = None
 
     def __enter__(self) -> "InterruptSafeLock":
-        if _get_ident() == _MAIN:
+        if PyThread_get_thread_ident() == _MAIN:
             _enter()                      # before acquiring: a Ctrl-C cannot leave it acquired
             try:
-                self.raw.acquire()
+                self._acquire()
             except BaseException:
                 _leave()
                 raise
         else:
-            self.raw.acquire()
+            self._acquire()
         self._held += 1
-        if self.backlog and self._held == 1:
+        if self._held == 1 and self.backlog:
             self.drain()                  # type: ignore[misc]
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.backlog and self._held == 1:
+        if self._held == 1 and self.backlog:
             self.drain()                  # type: ignore[misc]
         self._held -= 1
-        self.raw.release()
-        if _get_ident() == _MAIN:
+        self._release()
+        if PyThread_get_thread_ident() == _MAIN:
             _leave()
 
     def try_run(self, fn: Callable[[], Any]) -> bool:
         """Run ``fn`` under the lock if this thread can take it at once (it is free, or this
         thread holds it already); else return False without waiting (the holder then runs
         ``drain`` before it lets go). Ctrl-C is held back while ``fn`` runs on the main thread."""
-        main = _get_ident() == _MAIN
+        main = PyThread_get_thread_ident() == _MAIN
         if main:
             _enter()
-        if not self.raw.acquire(False):
+        if not self._acquire(False):
             if main:
                 _leave()
             return False
@@ -199,7 +220,7 @@ class InterruptSafeLock:
             fn()
         finally:
             self._held -= 1
-            self.raw.release()
+            self._release()
             if main:
                 _leave()
         return True
@@ -212,12 +233,14 @@ class InterruptSafeLock:
         self.raw.release()
 
 
-def _leave() -> None:
+def _leave() -> int:
     """End a hold of the main thread (from a lock's method) and run a held-back SIGINT's
     handler (it raises, by default), given the frame of the lock's caller."""
     previous = _exit()
     if previous is not None:
-        previous(SIGINT, sys._getframe(2))
+        # (Compiled, the lock's methods and this function have no Python frame.)
+        previous(SIGINT, sys._getframe(0 if cython.compiled else 2))
+    return 0
 
 
 def run_in_caller(action: Callable[[], Any], inside: Callable[[FrameType], bool]) -> None:
