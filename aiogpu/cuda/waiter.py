@@ -160,17 +160,25 @@ class CudaHub(FutureHub):
         return fut.event is not None and D.HOT.query(fut.event) != D.NOT_READY
 
     # -- the spin ----------------------------------------------------------------------------------
+    def spin_poll(self, fut: GPUFuture) -> bool:
+        """Done at the first poll (short work, the common case of a request): the spin's hit,
+        without reading the clock or starting the spin."""
+        lane = fut.lane
+        if lane is None:                 # a host-settled future (a compile, deferred work)
+            return False
+        word = lane.word
+        if word is not None and fut._state == PENDING and word.value >= fut.ticket:
+            self._hit(lane, fut, 0.0)
+            return self.completed_now(fut)
+        return False
+
     def spin_await(self, fut: GPUFuture):
         """A long copy first lets the loop sleep until near its predicted end; then the spin."""
         lane = fut.lane
         if lane is None:                 # a host-settled future (a compile, deferred work)
             return
-        word = lane.word
-        if word is not None and fut._state == PENDING and word.value >= fut.ticket:
-            # Done at the first poll (short work, the common case of a request): the spin's hit,
-            # without reading the clock or starting it.
-            self._hit(lane, fut, 0.0)
-            return self.completed_now(fut)
+        if self.spin_poll(fut):
+            return True
         ahead = _predicted_wait(fut)
         if ahead > PRESLEEP_MIN_S:
             yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
