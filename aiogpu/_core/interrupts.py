@@ -36,7 +36,7 @@ from types import FrameType, TracebackType
 from typing import Any, Callable
 
 try:
-    import cython
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
 except ImportError:            # interpreted, where Cython is not installed
     class cython:  # type: ignore[no-redef]
         compiled = False
