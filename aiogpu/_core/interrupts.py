@@ -37,12 +37,14 @@ from typing import Any, Callable
 
 try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
-except ImportError:            # interpreted, where Cython is not installed
-    class cython:  # type: ignore[no-redef]
-        compiled = False
+except ImportError:            # interpreted, where Cython is not installed (compiled, the import
+    # is Cython's own and this never runs; it binds the name unseen, as the .pxd cimports it)
+    globals()["cython"] = type("cython", (), {"compiled": False})
 if not cython.compiled:
     # Compiled, the .pxd's C function of that name: the main-thread test costs no Python call.
     from threading import get_ident as PyThread_get_thread_ident
+else:
+    from time import monotonic as _monotonic
 
 SIGINT = _signal.SIGINT
 # Module globals that tests may replace (they are read only when a handler is swapped).
@@ -155,6 +157,98 @@ def release() -> Callable | None:
     return _exit()
 
 
+class RawLock:
+    """The reentrant lock under ``InterruptSafeLock``, with ``threading.RLock``'s interface
+    (``acquire(blocking, timeout)``, ``release``, ``with``, ``_is_owned``) and behaviour: a
+    blocking acquire waits with the GIL released and runs signal handlers as they arrive;
+    releasing a lock this thread does not hold raises RuntimeError.
+
+    Compiled, it is an owner and a count over a ``PyThread`` lock, taken and released by C
+    calls (``RLock.acquire`` parses its arguments, about 500 instructions, on each call);
+    interpreted, a ``threading.RLock`` does the work."""
+
+    __slots__ = ("_rlock",)
+
+    def __init__(self) -> None:
+        if cython.compiled:
+            self._lock = PyThread_allocate_lock()
+            if not self._lock:
+                raise MemoryError("cannot allocate a lock")
+            self._owner = 0
+            self._count = 0
+        else:
+            self._rlock = threading.RLock()
+
+    def __dealloc__(self) -> None:      # (compiled only)
+        if self._lock:
+            PyThread_free_lock(self._lock)
+
+    def _take(self, blocking: bool, timeout: float) -> bool:
+        """``acquire`` with its arguments checked."""
+        if cython.compiled:
+            me = PyThread_get_thread_ident()
+            if self._count and self._owner == me:
+                self._count += 1
+                return True
+            if not PyThread_acquire_lock(self._lock, 0):
+                if not blocking or not self._wait(timeout):
+                    return False
+            self._owner = me
+            self._count = 1
+            return True
+        return self._rlock.acquire(blocking, timeout)
+
+    def _wait(self, timeout: float) -> bool:
+        """Compiled: wait for the lock, ``timeout`` seconds (< 0: for ever), with the GIL
+        released; signal handlers run when a signal interrupts the wait (what they raise
+        propagates)."""
+        deadline = _monotonic() + timeout if timeout >= 0 else 0.0
+        while True:
+            if timeout < 0:
+                wait_us = -1
+            else:
+                wait_us = max(0, int((deadline - _monotonic()) * 1e6))
+            with cython.nogil:
+                status = PyThread_acquire_lock_timed(self._lock, wait_us, 1)
+            if status == PY_LOCK_INTR:
+                PyErr_CheckSignals()
+                continue
+            return status == PY_LOCK_ACQUIRED
+
+    def _give(self) -> int:
+        if cython.compiled:
+            if not self._count or self._owner != PyThread_get_thread_ident():
+                raise RuntimeError("cannot release un-acquired lock")
+            self._count -= 1
+            if not self._count:
+                self._owner = 0
+                PyThread_release_lock(self._lock)
+        else:
+            self._rlock.release()
+        return 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not blocking and timeout != -1:
+            raise ValueError("can't specify a timeout for a non-blocking call")
+        if timeout < 0 and timeout != -1:
+            raise ValueError("timeout value must be a non-negative number")
+        return self._take(blocking, timeout)
+
+    def release(self) -> None:
+        self._give()
+
+    def _is_owned(self) -> bool:
+        if cython.compiled:
+            return self._count > 0 and self._owner == PyThread_get_thread_ident()
+        return self._rlock._is_owned()
+
+    def __enter__(self) -> bool:
+        return self._take(True, -1)
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._give()
+
+
 class InterruptSafeLock:
     """A reentrant lock whose holder is not interrupted halfway by Ctrl-C, and that runs work
     left for its holder.
@@ -162,7 +256,8 @@ class InterruptSafeLock:
     While the main thread holds it, SIGINT is held back (``hold``); when the outermost hold
     ends the lock is released first and then the original handler runs, so KeyboardInterrupt is
     raised by the ``with`` statement's exit, after the section has completed. Other threads use
-    it as a plain ``threading.RLock``; ``raw`` is that RLock, for sections that need no such care.
+    it as a plain reentrant lock; ``raw`` is that lock (a ``RawLock``), for sections that need no
+    such care.
 
     Work left for the holder ("try-lock or delegate"): a thread that must not wait for the lock
     appends to ``backlog`` (any object whose truth says whether work waits) and calls
@@ -171,11 +266,10 @@ class InterruptSafeLock:
     never halfway through the holder's own work). ``drain`` must not raise.
     """
 
-    __slots__ = ("raw", "_held", "backlog", "drain", "_acquire", "_release")
+    __slots__ = ("raw", "_held", "backlog", "drain")
 
     def __init__(self) -> None:
-        self.raw = threading.RLock()
-        self._acquire, self._release = self.raw.acquire, self.raw.release   # (no lookup per use)
+        self.raw = RawLock()
         self._held = 0                  # the holder's nesting in ``with``/``try_run`` (any thread)
         self.backlog: Any = ()          # truthy while work waits for the holder
         self.drain: Callable[[], None] | None = None
@@ -184,12 +278,12 @@ class InterruptSafeLock:
         if PyThread_get_thread_ident() == _MAIN:
             _enter()                      # before acquiring: a Ctrl-C cannot leave it acquired
             try:
-                self._acquire()
+                self.raw._take(True, -1)
             except BaseException:
                 _leave()
                 raise
         else:
-            self._acquire()
+            self.raw._take(True, -1)
         self._held += 1
         if self._held == 1 and self.backlog:
             self.drain()                  # type: ignore[misc]
@@ -200,7 +294,7 @@ class InterruptSafeLock:
         if self._held == 1 and self.backlog:
             self.drain()                  # type: ignore[misc]
         self._held -= 1
-        self._release()
+        self.raw._give()
         if PyThread_get_thread_ident() == _MAIN:
             _leave()
 
@@ -211,7 +305,7 @@ class InterruptSafeLock:
         main = PyThread_get_thread_ident() == _MAIN
         if main:
             _enter()
-        if not self._acquire(False):
+        if not self.raw._take(False, -1):
             if main:
                 _leave()
             return False
@@ -220,7 +314,7 @@ class InterruptSafeLock:
             fn()
         finally:
             self._held -= 1
-            self._release()
+            self.raw._give()
             if main:
                 _leave()
         return True
