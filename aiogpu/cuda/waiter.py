@@ -46,16 +46,16 @@ from ..errors import GPUError
 from .._core.futures import DONE, PENDING, GPUFuture, log, submission_scope  # noqa: F401
 from .._core.hub import FutureHub
 from . import driver as D
-from .spin import SPIN_MIN_S, LaneSpin, _learn  # noqa: F401
+from .lanehub import SPIN_MIN_S, LaneHub, _learn  # noqa: F401
 
 LOST_WAKEUP_GUARD_S = 0.1
 UNCOVERED_GUARD_S = 0.005
 DEFAULT_SPIN_S = 1e-3
 
 
-class CudaHub(LaneSpin, FutureHub):
-    """Pending CUDA futures, the lanes they run on, and the waiter thread (the spin of an
-    await: ``LaneSpin``)."""
+class CudaHub(LaneHub, FutureHub):
+    """Pending CUDA futures, the lanes they run on, and the waiter thread (what it does per
+    operation, compiled: ``LaneHub``)."""
 
     def __init__(self, *, spin_s: float = DEFAULT_SPIN_S, watchdog_s: float | None = None):
         super().__init__(watchdog_s=watchdog_s, spin_s=spin_s)
@@ -69,27 +69,6 @@ class CudaHub(LaneSpin, FutureHub):
         self.start()
 
     # -- futures ---------------------------------------------------------------------------------
-    def _new_key(self) -> int:
-        """A future's key in ``_pending`` (its completion is its lane's ticket)."""
-        return next(self._keys)
-
-    def watch(self, fut: GPUFuture) -> GPUFuture:
-        """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
-        finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its
-        long guard (nothing was left to its scans): then it is woken once, to sleep the short
-        one, so that work nobody awaits retires (frees its buffers) within
-        ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
-        scope = submission_scope.get()
-        if scope is not None:
-            scope.append(fut)
-        self._pending[fut.signal] = fut
-        if fut.lane is not None:
-            fut.lane.pending.append(fut)
-        if self._idle:               # (read after the append: see _run)
-            self._idle = False
-            self.sem.post()
-        return fut
-
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
         its lane is armed (``FutureHub.arm`` decides who is waited for)."""
@@ -110,13 +89,6 @@ class CudaHub(LaneSpin, FutureHub):
 
     def wake(self) -> None:
         self.sem.post()
-
-    def observe(self, fut: GPUFuture) -> None:
-        """``done()``: read the lane's completion word (one memory load) and settle the lane's
-        prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
-        lane = fut.lane
-        if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
-            self.observed(lane, fut.ticket, 0)
 
     def force_complete(self, key: int) -> None:
         """A failed future whose work can no longer run (its device hit a sticky error):

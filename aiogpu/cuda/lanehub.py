@@ -1,6 +1,7 @@
-"""The adaptive spin of an ``await`` on CUDA (``LaneSpin``, a part of ``CudaHub``; see
-waiter.py's doc, item 1): the await's hot path, compiled where the package is (spin.pxd). It
-imports nothing of the driver up front: ``aiogpu info`` imports every compiled module, also
+"""What ``CudaHub`` does per operation (``LaneHub``): a future's key, watching it on its lane,
+``done()``'s look at its lane, and the adaptive spin of an ``await`` (waiter.py's doc, item 1).
+Compiled where the package is (lanehub.pxd), as ``Hub`` is the compiled part of ``FutureHub``.
+It imports nothing of the driver up front: ``aiogpu info`` imports every compiled module, also
 where CUDA is absent."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import time
 from typing import Any
 
-from .._core.futures import PENDING, GPUFuture
+from .._core.futures import PENDING, GPUFuture, submission_scope
 
 SPIN_MIN_S = 20e-6
 PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
@@ -33,12 +34,42 @@ def _learn(fut: GPUFuture) -> None:
         lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
 
 
-class LaneSpin:
-    """The spin of ``CudaHub`` (its fields: ``spin_s``, ``awaiting``, ``spin_hits``,
-    ``spin_misses``; its ``observed``)."""
+class LaneHub:
+    """The per-operation part of ``CudaHub`` (its fields: ``_keys``, ``_pending``, ``_idle``,
+    ``sem``, ``spin_s``, ``awaiting``, ``spin_hits``, ``spin_misses``; its ``observed``)."""
 
     __slots__ = ()
 
+    # -- futures -------------------------------------------------------------------------------
+    def _new_key(self) -> int:
+        """A future's key in ``_pending`` (its completion is its lane's ticket)."""
+        return next(self._keys)
+
+    def watch(self, fut: GPUFuture) -> GPUFuture:
+        """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
+        finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its
+        long guard (nothing was left to its scans): then it is woken once, to sleep the short
+        one, so that work nobody awaits retires (frees its buffers) within
+        ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
+        scope = submission_scope.get()
+        if scope is not None:
+            scope.append(fut)
+        self._pending[fut.signal] = fut
+        if fut.lane is not None:
+            fut.lane.pending.append(fut)
+        if self._idle:               # (read after the append: see CudaHub._run)
+            self._idle = False
+            self.sem.post()
+        return fut
+
+    def observe(self, fut: GPUFuture) -> None:
+        """``done()``: read the lane's completion word (one memory load) and settle the lane's
+        prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
+        lane = fut.lane
+        if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
+            self.observed(lane, fut.ticket, 0)
+
+    # -- the spin --------------------------------------------------------------------------------
     def spin_poll(self, fut: GPUFuture) -> bool:
         """Done at the first poll (short work, the common case of a request): the spin's hit,
         without reading the clock or starting the spin."""

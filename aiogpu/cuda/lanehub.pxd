@@ -1,4 +1,4 @@
-# spin.py compiled (it is the source): LaneSpin is a part of the Python class CudaHub, so its
+# lanehub.py compiled (it is the source): LaneHub is a part of the Python class CudaHub, so its
 # methods are compiled functions over Python attributes; the helpers they call are C functions.
 from aiogpu._core.futures cimport GPUFuture
 
