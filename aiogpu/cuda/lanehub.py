@@ -51,16 +51,7 @@ class LaneHub:
         long guard (nothing was left to its scans): then it is woken once, to sleep the short
         one, so that work nobody awaits retires (frees its buffers) within
         ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
-        scope = submission_scope.get()
-        if scope is not None:
-            scope.append(fut)
-        self._pending[fut.signal] = fut
-        if fut.lane is not None:
-            fut.lane.pending.append(fut)
-        if self._idle:               # (read after the append: see CudaHub._run)
-            self._idle = False
-            self.sem.post()
-        return fut
+        return _watch(self, fut)
 
     def observe(self, fut: GPUFuture) -> None:
         """``done()``: read the lane's completion word (one memory load) and settle the lane's
@@ -73,14 +64,7 @@ class LaneHub:
     def spin_poll(self, fut: GPUFuture) -> bool:
         """Done at the first poll (short work, the common case of a request): the spin's hit,
         without reading the clock or starting the spin."""
-        lane = fut.lane
-        if lane is None:                 # a host-settled future (a compile, deferred work)
-            return False
-        word = lane.word
-        if word is not None and fut._state == PENDING and word.value >= fut.ticket:
-            _hit(self, lane, fut, 0.0)
-            return _completed_now(self, fut)
-        return False
+        return _first_poll(self, fut)
 
     def spin_await(self, fut: GPUFuture):
         """A long copy first lets the loop sleep until near its predicted end; then the spin."""
@@ -131,7 +115,34 @@ class LaneHub:
         return False
 
 
-# (Functions, not methods: compiled, the spin calls them as C functions.)
+# (Functions, not methods: compiled, they are C functions over the hub's and the future's C
+# fields, ``h`` being the hub as a ``Hub``.)
+def _watch(hub: Any, fut: GPUFuture) -> GPUFuture:
+    h = hub
+    scope = submission_scope.get()
+    if scope is not None:
+        scope.append(fut)
+    h._pending[fut.signal] = fut
+    lane = fut.lane
+    if lane is not None:
+        lane.pending.append(fut)
+    if h._idle:                      # (read after the append: see CudaHub._run)
+        h._idle = False
+        hub.sem.post()
+    return fut
+
+
+def _first_poll(hub: Any, fut: GPUFuture) -> bool:
+    lane = fut.lane
+    if lane is None:                 # a host-settled future (a compile, deferred work)
+        return False
+    word = lane.word
+    if word is not None and fut._state == PENDING and word.value >= fut.ticket:
+        _hit(hub, lane, fut, 0.0)
+        return _completed_now(hub, fut)
+    return False
+
+
 def _completed_now(hub: Any, fut: GPUFuture) -> bool:
     """The spin read ``fut``'s ticket in its lane's completion word: the work completed
     successfully (a lane writes the word only after it; a failing context stops the lane).
@@ -148,8 +159,9 @@ def _completed_now(hub: Any, fut: GPUFuture) -> bool:
 
 def _hit(hub: Any, lane: Any, fut: GPUFuture, waited: float) -> int:
     """A spin saw ``fut`` complete after ``waited`` seconds: the lane's window grows."""
+    h = hub
     hub.spin_hits += 1
-    lane.spin = min(hub.spin_s, max(lane.spin * 2, 2 * waited))
+    lane.spin = min(h.spin_s, max(lane.spin * 2, 2 * waited))
     if fut.nbytes >= LEARN_MIN_BYTES:
         _learn(fut)
     return 0
