@@ -43,6 +43,15 @@ except ImportError:            # interpreted, where Cython is not installed (com
 if not cython.compiled:
     # Compiled, the .pxd's C function of that name: the main-thread test costs no Python call.
     from threading import get_ident as PyThread_get_thread_ident
+    # The other C names of the .pxd, used only compiled (here for type checkers).
+    PyThread_allocate_lock: Any = None
+    PyThread_free_lock: Any = None
+    PyThread_acquire_lock: Any = None
+    PyThread_acquire_lock_timed: Any = None
+    PyThread_release_lock: Any = None
+    PyErr_CheckSignals: Any = None
+    PY_LOCK_ACQUIRED: Any = None
+    PY_LOCK_INTR: Any = None
 else:
     from time import monotonic as _monotonic
 
@@ -167,7 +176,7 @@ class RawLock:
     calls (``RLock.acquire`` parses its arguments, about 500 instructions, on each call);
     interpreted, a ``threading.RLock`` does the work."""
 
-    __slots__ = ("_rlock",)
+    __slots__ = ("_rlock", "_lock", "_owner", "_count")   # (interpreted: only _rlock is used)
 
     def __init__(self) -> None:
         if cython.compiled:
@@ -240,7 +249,7 @@ class RawLock:
     def _is_owned(self) -> bool:
         if cython.compiled:
             return self._count > 0 and self._owner == PyThread_get_thread_ident()
-        return self._rlock._is_owned()
+        return self._rlock._is_owned()  # type: ignore[attr-defined]
 
     def __enter__(self) -> bool:
         return self._take(True, -1)
