@@ -215,10 +215,13 @@ class AsyncioPort(_Port):
     def admit(self, woken: bool = False) -> bool:
         """On the loop: may an await go on in this iteration (a slot taken)? ``woken``: its
         task was woken from the queue (else its result was ready, and it must not overtake
-        the tasks queued)."""
-        if (self._queue and not woken) or not self._slots.take():
+        the tasks queued). (``_Slots.take`` and ``_count``, written out: once per await.)"""
+        slots = self._slots
+        if (self._queue and not woken) or slots.used >= slots.slice:
             return False
-        self._count(asyncio.get_running_loop())
+        slots.used += 1
+        if not self._marked:
+            self._count(asyncio.get_running_loop())
         return True
 
     def _count(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -390,6 +393,11 @@ class TrioPort(_Port):
         if self._put(rest, first=True):
             self._drain_soon()
 
+    def admit(self, woken: bool = False) -> bool:
+        """May an await go on at once, without a checkpoint? Only when a drain woke its task
+        (``woken``: its slot taken then); else ``go_on``."""
+        return woken
+
     def go_on(self, woken: bool = False) -> Generator:
         """An await's last step in the run. ``woken``: a drain woke the task and took its slot
         then; it goes on. Else its result was ready: a checkpoint (trio's rule: a cancellation
@@ -491,14 +499,22 @@ def _in_trio() -> Any:
 _last_port: AsyncioPort | None = None
 
 
+_modules = sys.modules
+_get_running_loop = asyncio._get_running_loop
+
+
 def current_port() -> AsyncioPort | TrioPort | None:
     """The port of the running event loop, or None in plain synchronous code."""
-    token = _in_trio()
-    if token is not None:
-        return _trio_port(token)
-    loop = asyncio._get_running_loop()
+    if "trio" in _modules:
+        token = _in_trio()
+        if token is not None:
+            return _trio_port(token)
+    loop = _get_running_loop()
     if loop is None:
         return None
+    last = _last_port
+    if last is not None and last._loop() is loop:     # (a weak reference: no loop kept alive)
+        return last
     return _asyncio_port(loop)
 
 

@@ -369,7 +369,7 @@ class GPUFuture:
             return self.result()
         if self._views is not None:        # this task waits for the work again (see cancel())
             self._views.discard(_viewing_task())
-        port = _loops.current_port()
+        port = _current_port()
         if port is None:
             raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
                                "use .wait() in synchronous code")
@@ -380,10 +380,12 @@ class GPUFuture:
             # Spin only while this is the one future awaited: a service with many requests
             # in flight parks them all (the waiter wakes each loop once per batch), so the
             # loop never busy-polls while other tasks wait for the GPU too.
-            if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _loops.AsyncioPort):
+            if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _AsyncioPort):
                 # True: the device completed it (read without the lock); the waiter settles
                 # and retires it at its next scan, off this loop.
-                seen = yield from hub.spin_await(self)
+                seen = hub.spin_poll(self)
+                if not seen and self._state == PENDING:
+                    seen = yield from hub.spin_await(self)
                 ready = seen or self._state != PENDING
             if not ready and self._state == PENDING:
                 hub.arm(self)
@@ -396,7 +398,7 @@ class GPUFuture:
         # The task goes on only once admitted to this turn of the loop (see _loops' ports):
         # woken from the port's queue (on trio the drain that woke it admitted it), or with
         # its result ready, as an await of a done future (_loops.checkpoint).
-        if ready or parked:
+        if (ready or parked) and not port.admit(parked):
             yield from port.go_on(woken=parked)
         return self.value if seen else self.result()
 
@@ -442,6 +444,8 @@ class GPUFuture:
 
 # A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
 _CallbackAwaiter = _loops.Callback
+_AsyncioPort = _loops.AsyncioPort
+_current_port = _loops.current_port
 
 
 class _InContext:

@@ -25,3 +25,10 @@ cdef class Hub:
     cdef public object on_timeout
     cdef public object _thread
     cdef object __weakref__
+
+    # (The settling and retiring steps, called as C functions with the future's fields as C
+    # slots; ``_retire`` is also the deferred work's.)
+    cpdef _unwatch(self, GPUFuture fut)
+    cpdef _settle_done(self, GPUFuture fut, dict posts)
+    cpdef _wake_awaiters(self, GPUFuture fut, object ports, object callbacks, object event, dict posts)
+    cpdef _retire(self, GPUFuture fut)

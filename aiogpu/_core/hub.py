@@ -78,10 +78,18 @@ class Hub:
         if key and not self.lock.raw._is_owned() and self.is_complete(key):  # type: ignore[attr-defined]
             self._settle([(key, fut)])
 
+    def spin_poll(self, fut: GPUFuture) -> bool:
+        """An asyncio ``await``'s first look at its work, before ``spin_await`` and without
+        yielding (short work is done by then): True, as for ``spin_await``, when it saw the
+        work complete successfully but left settling the future to the waiter; else False (the
+        future may have settled meanwhile). Default: False (``spin_await`` polls)."""
+        return False
+
     def spin_await(self, fut: GPUFuture):
-        """What an asyncio ``await`` does before parking (a generator; default: ``spin``). It
-        returns True when it saw the work complete successfully on the device but left settling
-        the future to the waiter (the awaiter then returns ``fut.value``)."""
+        """What an asyncio ``await`` does before parking, when ``spin_poll`` did not see its
+        work done (a generator; default: ``spin``). It returns True when it saw the work
+        complete successfully on the device but left settling the future to the waiter (the
+        awaiter then returns ``fut.value``)."""
         yield from self.spin(fut)
         return False
 

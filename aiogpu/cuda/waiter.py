@@ -38,45 +38,24 @@ a new process works (tests/api/test_backends.py runs the CUDA failure case in a 
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import threading
-import time
 from typing import Any, Callable
 
 from ..errors import GPUError
 from .._core.futures import DONE, PENDING, GPUFuture, log, submission_scope  # noqa: F401
 from .._core.hub import FutureHub
 from . import driver as D
+from .lanehub import SPIN_MIN_S, LaneHub, _learn  # noqa: F401
 
 LOST_WAKEUP_GUARD_S = 0.1
 UNCOVERED_GUARD_S = 0.005
-SPIN_MIN_S = 20e-6
 DEFAULT_SPIN_S = 1e-3
-PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
-PRESLEEP_MARGIN_S = 1e-3   # ... until this long before their predicted end (timer granularity)
-LEARN_MIN_BYTES = 1 << 20
 
 
-def _predicted_wait(fut: GPUFuture) -> float:
-    """Seconds until a copy of ``fut.nbytes`` should complete at its lane's learned rate."""
-    lane = fut.lane
-    if not fut.nbytes or lane is None or not lane.rate:
-        return 0.0
-    return fut.submitted_at + fut.nbytes / lane.rate - time.monotonic()
-
-
-def _learn(fut: GPUFuture) -> None:
-    """Learn the lane's copy bandwidth from a copy that just completed (an upper bound on its
-    duration: submission to now)."""
-    lane = fut.lane
-    if fut.nbytes >= LEARN_MIN_BYTES and lane is not None and fut._exc is None:
-        sample = fut.nbytes / max(time.monotonic() - fut.submitted_at, 1e-6)
-        lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
-
-
-class CudaHub(FutureHub):
-    """Pending CUDA futures, the lanes they run on, and the waiter thread."""
+class CudaHub(LaneHub, FutureHub):
+    """Pending CUDA futures, the lanes they run on, and the waiter thread (what it does per
+    operation, compiled: ``LaneHub``)."""
 
     def __init__(self, *, spin_s: float = DEFAULT_SPIN_S, watchdog_s: float | None = None):
         super().__init__(watchdog_s=watchdog_s, spin_s=spin_s)
@@ -90,27 +69,6 @@ class CudaHub(FutureHub):
         self.start()
 
     # -- futures ---------------------------------------------------------------------------------
-    def _new_key(self) -> int:
-        """A future's key in ``_pending`` (its completion is its lane's ticket)."""
-        return next(self._keys)
-
-    def watch(self, fut: GPUFuture) -> GPUFuture:
-        """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
-        finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its
-        long guard (nothing was left to its scans): then it is woken once, to sleep the short
-        one, so that work nobody awaits retires (frees its buffers) within
-        ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
-        scope = submission_scope.get()
-        if scope is not None:
-            scope.append(fut)
-        self._pending[fut.signal] = fut
-        if fut.lane is not None:
-            fut.lane.pending.append(fut)
-        if self._idle:               # (read after the append: see _run)
-            self._idle = False
-            self.sem.post()
-        return fut
-
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
         its lane is armed (``FutureHub.arm`` decides who is waited for)."""
@@ -132,13 +90,6 @@ class CudaHub(FutureHub):
     def wake(self) -> None:
         self.sem.post()
 
-    def observe(self, fut: GPUFuture) -> None:
-        """``done()``: read the lane's completion word (one memory load) and settle the lane's
-        prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
-        lane = fut.lane
-        if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
-            self.observed(lane, fut.ticket, 0)
-
     def force_complete(self, key: int) -> None:
         """A failed future whose work can no longer run (its device hit a sticky error):
         raise its lane's completion word to its ticket, from the host, so that work on other
@@ -159,23 +110,6 @@ class CudaHub(FutureHub):
             return True
         return fut.event is not None and D.HOT.query(fut.event) != D.NOT_READY
 
-    # -- the spin ----------------------------------------------------------------------------------
-    def spin_await(self, fut: GPUFuture):
-        """A long copy first lets the loop sleep until near its predicted end; then the spin."""
-        lane = fut.lane
-        if lane is None:                 # a host-settled future (a compile, deferred work)
-            return
-        word = lane.word
-        if word is not None and fut._state == PENDING and word.value >= fut.ticket:
-            # Done at the first poll (short work, the common case of a request): the spin's hit,
-            # without reading the clock or starting it.
-            self._hit(lane, fut, 0.0)
-            return self.completed_now(fut)
-        ahead = _predicted_wait(fut)
-        if ahead > PRESLEEP_MIN_S:
-            yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
-        return (yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0))
-
     def parked_done(self, fut: GPUFuture) -> None:
         fut = _submitted(fut)
         if fut is not None:
@@ -184,60 +118,6 @@ class CudaHub(FutureHub):
     def poll(self) -> None:
         if not self._stop:
             self.scan()
-
-    def spin(self, fut: GPUFuture, at_least: float = 0.0):
-        """Poll ``fut``'s completion on the loop for up to its lane's adaptive window (or
-        ``at_least`` seconds), yielding in between. With a completion word a poll is one memory
-        load; without, one ``cuEventQuery``. Returns True when the word showed the work done and
-        nothing needs settling now (see ``completed_now``)."""
-        lane = fut.lane
-        start = time.perf_counter()
-        deadline = start + max(lane.spin, at_least)
-        word, ticket = lane.word, fut.ticket
-        if word is not None:
-            while fut._state == PENDING:
-                if word.value >= ticket:
-                    self._hit(lane, fut, time.perf_counter() - start)
-                    return self.completed_now(fut)
-                if time.perf_counter() > deadline or self.awaiting > 1:
-                    break
-                yield
-        else:
-            query, event = D.HOT.query, fut.event
-            while fut._state == PENDING:
-                code = query(event)
-                if code != D.NOT_READY:
-                    if fut._state == PENDING:
-                        self.observed(lane, ticket, code)
-                    self._hit(lane, fut, time.perf_counter() - start)
-                    return False
-                if time.perf_counter() > deadline or self.awaiting > 1:
-                    break
-                yield
-        if fut._state == PENDING and self.awaiting == 1:     # (others came: not a miss)
-            self.spin_misses += 1
-            lane.spin = max(SPIN_MIN_S, lane.spin / 2)
-        return False
-
-    def completed_now(self, fut: GPUFuture) -> bool:
-        """The spin read ``fut``'s ticket in its lane's completion word: the work completed
-        successfully (a lane writes the word only after it; a failing context stops the lane).
-        The awaiter returns at once, with no lock and no state change on the loop: settling
-        (other awaiters, callbacks) and retiring (its event, buffers, host memory) happen at the
-        waiter's next scan, which reads the same word, within its guard interval. Futures with
-        host-side completion steps, and joins (whose members decide how they settle), settle
-        fully now: returns False then (the future is done)."""
-        if fut.on_complete or fut.host_deps or fut.members is not None:
-            self.observed(fut.lane, fut.ticket, 0)
-            return False
-        return True
-
-    def _hit(self, lane: Any, fut: GPUFuture, waited: float) -> None:
-        """A spin saw ``fut`` complete after ``waited`` seconds: the lane's window grows."""
-        self.spin_hits += 1
-        lane.spin = min(self.spin_s, max(lane.spin * 2, 2 * waited))
-        if fut.nbytes >= LEARN_MIN_BYTES:
-            _learn(fut)
 
     # -- observing lanes ---------------------------------------------------------------------------
     # Completions are observed and settled without the runtime lock (see ``FutureHub``); the

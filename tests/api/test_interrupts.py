@@ -277,3 +277,31 @@ def test_a_loop_closed_with_its_restore_queued_leaves_no_stale_state(counter_rt)
     finally:
         signal.signal(signal.SIGINT, previous)
     assert all(f.wait(10) for f in futs)
+
+
+# -- the lock itself ---------------------------------------------------------------------------
+def test_a_sigint_held_back_by_the_lock_reaches_the_handler_with_the_frame_of_the_section(own_handler):
+    """The handler runs as the ``with`` statement ends, given the frame that holds the section
+    (compiled and interpreted alike; a section at the top of a shallow stack too)."""
+    handler, calls = own_handler
+    frames: list = []
+
+    def recording(signum, frame):
+        frames.append(frame)
+        raise Stop
+
+    signal.signal(signal.SIGINT, recording)
+    lock = _interrupts.InterruptSafeLock()
+
+    def section():
+        with lock:
+            _thread.interrupt_main()
+            for _ in range(100):              # (held back: the handler does not run here)
+                pass
+            frames.append("inside done")
+
+    with pytest.raises(Stop):
+        section()
+    assert frames[0] == "inside done" and len(frames) == 2
+    assert frames[1] is not None and frames[1].f_code is section.__code__
+    assert _interrupts.state() == (0, None, False)

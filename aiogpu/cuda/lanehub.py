@@ -1,0 +1,167 @@
+"""What ``CudaHub`` does per operation (``LaneHub``): a future's key, watching it on its lane,
+``done()``'s look at its lane, and the adaptive spin of an ``await`` (waiter.py's doc, item 1).
+Compiled where the package is (lanehub.pxd), as ``Hub`` is the compiled part of ``FutureHub``.
+It imports nothing of the driver up front: ``aiogpu info`` imports every compiled module, also
+where CUDA is absent."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from .._core.futures import PENDING, GPUFuture, submission_scope
+
+SPIN_MIN_S = 20e-6
+PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
+PRESLEEP_MARGIN_S = 1e-3   # ... until this long before their predicted end (timer granularity)
+LEARN_MIN_BYTES = 1 << 20
+
+
+def _predicted_wait(fut: GPUFuture) -> float:
+    """Seconds until a copy of ``fut.nbytes`` should complete at its lane's learned rate."""
+    lane = fut.lane
+    if not fut.nbytes or lane is None or not lane.rate:
+        return 0.0
+    return fut.submitted_at + fut.nbytes / lane.rate - time.monotonic()
+
+
+def _learn(fut: GPUFuture) -> None:
+    """Learn the lane's copy bandwidth from a copy that just completed (an upper bound on its
+    duration: submission to now)."""
+    lane = fut.lane
+    if fut.nbytes >= LEARN_MIN_BYTES and lane is not None and fut._exc is None:
+        sample = fut.nbytes / max(time.monotonic() - fut.submitted_at, 1e-6)
+        lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
+
+
+class LaneHub:
+    """The per-operation part of ``CudaHub`` (its fields: ``_keys``, ``_pending``, ``_idle``,
+    ``sem``, ``spin_s``, ``awaiting``, ``spin_hits``, ``spin_misses``; its ``observed``)."""
+
+    __slots__ = ()
+
+    # -- futures -------------------------------------------------------------------------------
+    def _new_key(self) -> int:
+        """A future's key in ``_pending`` (its completion is its lane's ticket)."""
+        return next(self._keys)
+
+    def watch(self, fut: GPUFuture) -> GPUFuture:
+        """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
+        finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its
+        long guard (nothing was left to its scans): then it is woken once, to sleep the short
+        one, so that work nobody awaits retires (frees its buffers) within
+        ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
+        return _watch(self, fut)
+
+    def observe(self, fut: GPUFuture) -> None:
+        """``done()``: read the lane's completion word (one memory load) and settle the lane's
+        prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
+        lane = fut.lane
+        if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
+            self.observed(lane, fut.ticket, 0)
+
+    # -- the spin --------------------------------------------------------------------------------
+    def spin_poll(self, fut: GPUFuture) -> bool:
+        """Done at the first poll (short work, the common case of a request): the spin's hit,
+        without reading the clock or starting the spin."""
+        return _first_poll(self, fut)
+
+    def spin_await(self, fut: GPUFuture):
+        """A long copy first lets the loop sleep until near its predicted end; then the spin."""
+        lane = fut.lane
+        if lane is None:                 # a host-settled future (a compile, deferred work)
+            return
+        if self.spin_poll(fut):
+            return True
+        ahead = _predicted_wait(fut)
+        if ahead > PRESLEEP_MIN_S:
+            yield from asyncio.sleep(ahead - PRESLEEP_MARGIN_S).__await__()
+        return (yield from self.spin(fut, PRESLEEP_MARGIN_S * 2 if ahead > PRESLEEP_MIN_S else 0.0))
+
+    def spin(self, fut: GPUFuture, at_least: float = 0.0):
+        """Poll ``fut``'s completion on the loop for up to its lane's adaptive window (or
+        ``at_least`` seconds), yielding in between. With a completion word a poll is one memory
+        load; without, one ``cuEventQuery``. Returns True when the word showed the work done and
+        nothing needs settling now (see ``_completed_now``)."""
+        lane = fut.lane
+        start = time.perf_counter()
+        deadline = start + max(lane.spin, at_least)
+        word, ticket = lane.word, fut.ticket
+        if word is not None:
+            while fut._state == PENDING:
+                if word.value >= ticket:
+                    _hit(self, lane, fut, time.perf_counter() - start)
+                    return _completed_now(self, fut)
+                if time.perf_counter() > deadline or self.awaiting > 1:
+                    break
+                yield
+        else:
+            from . import driver as D     # (not at import: see the module doc)
+
+            query, event, not_ready = D.HOT.query, fut.event, D.NOT_READY
+            while fut._state == PENDING:
+                code = query(event)
+                if code != not_ready:
+                    if fut._state == PENDING:
+                        self.observed(lane, ticket, code)
+                    _hit(self, lane, fut, time.perf_counter() - start)
+                    return False
+                if time.perf_counter() > deadline or self.awaiting > 1:
+                    break
+                yield
+        if fut._state == PENDING and self.awaiting == 1:     # (others came: not a miss)
+            self.spin_misses += 1
+            lane.spin = max(SPIN_MIN_S, lane.spin / 2)
+        return False
+
+
+# (Functions, not methods: compiled, they are C functions over the hub's and the future's C
+# fields, ``h`` being the hub as a ``Hub``.)
+def _watch(hub: Any, fut: GPUFuture) -> GPUFuture:
+    h = hub
+    scope = submission_scope.get()
+    if scope is not None:
+        scope.append(fut)
+    h._pending[fut.signal] = fut
+    lane = fut.lane
+    if lane is not None:
+        lane.pending.append(fut)
+    if h._idle:                      # (read after the append: see CudaHub._run)
+        h._idle = False
+        hub.sem.post()
+    return fut
+
+
+def _first_poll(hub: Any, fut: GPUFuture) -> bool:
+    lane = fut.lane
+    if lane is None:                 # a host-settled future (a compile, deferred work)
+        return False
+    word = lane.word
+    if word is not None and fut._state == PENDING and word.value >= fut.ticket:
+        _hit(hub, lane, fut, 0.0)
+        return _completed_now(hub, fut)
+    return False
+
+
+def _completed_now(hub: Any, fut: GPUFuture) -> bool:
+    """The spin read ``fut``'s ticket in its lane's completion word: the work completed
+    successfully (a lane writes the word only after it; a failing context stops the lane).
+    The awaiter returns at once, with no lock and no state change on the loop: settling
+    (other awaiters, callbacks) and retiring (its event, buffers, host memory) happen at the
+    waiter's next scan, which reads the same word, within its guard interval. Futures with
+    host-side completion steps, and joins (whose members decide how they settle), settle
+    fully now: returns False then (the future is done)."""
+    if fut.on_complete or fut.host_deps or fut.members is not None:
+        hub.observed(fut.lane, fut.ticket, 0)
+        return False
+    return True
+
+
+def _hit(hub: Any, lane: Any, fut: GPUFuture, waited: float) -> int:
+    """A spin saw ``fut`` complete after ``waited`` seconds: the lane's window grows."""
+    h = hub
+    hub.spin_hits += 1
+    lane.spin = min(h.spin_s, max(lane.spin * 2, 2 * waited))
+    if fut.nbytes >= LEARN_MIN_BYTES:
+        _learn(fut)
+    return 0
