@@ -33,3 +33,16 @@ def test_wait_on_a_future_of_no_runtime_returns_or_raises_its_failure():
     with pytest.raises(GPUError) as info:
         completed_future(None, "failed", exc=err).wait_on("stream")
     assert info.value is err
+
+
+def test_wait_on_a_future_of_a_hub_without_a_runtime_returns_or_raises_its_failure():
+    hub = ManualHub()                       # (no runtime owns it)
+    done, failed = hub.new(1), hub.new(2)
+    hub.complete(done)
+    err = GPUError("it failed")
+    with hub.lock:
+        hub.fail(failed, err)
+    assert done.wait_on("stream") is None
+    with pytest.raises(GPUError) as info:
+        failed.wait_on("stream")
+    assert info.value is err
