@@ -4,6 +4,7 @@ between polls; settle it there once it reads complete; stop at the deadline or a
 second future is awaited. Driven by hand here, with a clock the test sets."""
 from __future__ import annotations
 
+import asyncio
 import types
 
 import pytest
@@ -87,3 +88,71 @@ def test_no_spin_unless_exactly_one_future_is_awaited(awaiting):
     hub.awaiting = awaiting
     assert steps(hub.spin(fut)) == (0, None)
     assert hub.polls == 0 and hub.pending_count == 1
+
+
+# -- the await around it (GPUFuture.__await__ on asyncio) ------------------------------------------
+def count_calls(monkeypatch, cls, name: str) -> list:
+    calls: list = []
+    original = getattr(cls, name)
+
+    def wrapper(self, *args, **kwargs):
+        calls.append(kwargs or args)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+async def _await(fut):
+    return await fut
+
+
+def run_bounded(coro):
+    """Run ``coro`` on asyncio; a hang (an await parked on a hub that has no waiter) fails."""
+    async def main():
+        return await asyncio.wait_for(coro, 10)
+    return asyncio.run(main())
+
+
+def test_an_await_settled_by_the_spin_parks_not_and_takes_its_turn_slot(monkeypatch):
+    from aiogpu import _loops
+    go_on = count_calls(monkeypatch, _loops.AsyncioPort, "go_on")
+    hub = PollHub(after=2)
+    fut = hub.new(1)
+    assert run_bounded(_await(fut)) is None
+    assert hub.polls == 2 and fut._ports is None       # spun, never registered
+    assert go_on == [{"woken": False}]
+
+
+def test_an_await_does_not_spin_while_another_is_awaited():
+    hub = PollHub(after=1)
+    fut = hub.new(1)
+    hub.awaiting = 1                     # (another future is being awaited)
+
+    async def main():
+        task = asyncio.create_task(_await(fut))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        parked = sum(map(len, (fut._ports or {}).values()))
+        hub.complete(fut)
+        await task
+        return parked
+
+    assert run_bounded(main()) == 1 and hub.polls == 0
+
+
+class SeenHub(PollHub):
+    """Its spin sees the work complete on the device and leaves settling it to the waiter (as
+    the CUDA backend's does): the awaiter then takes the value without parking."""
+
+    def spin_await(self, fut):
+        yield
+        fut.value = "the value"
+        return True
+
+
+def test_an_await_whose_spin_saw_the_work_done_returns_the_value_without_parking():
+    hub = SeenHub(after=0)
+    fut = hub.new(1)
+    assert run_bounded(_await(fut)) == "the value"
+    assert fut._ports is None
