@@ -3,7 +3,9 @@
 Runs ``mutmut`` (configured in pyproject.toml's ``[tool.mutmut]``: which tests run per mutant, and in
 ``only_mutate`` the one table of the files mutated, which this script reads too) over every mutant,
 or over a seeded random sample of N mutants per file (the whole run takes hours on a 2-core
-machine), then prints killed / checked per file and the mutants not killed. A file's sample
+machine), then prints killed / checked per file and the mutants not killed. ``--seed 7,8,9``
+runs the union of several seeds' samples in one mutmut run (one clean-test run, a mutant shared by
+two samples checked once), then reports each sample on its own. A file's sample
 depends only on the seed, the file's path and its mutants: the same with ``--only`` as without,
 and unchanged when another file is added, changed or moved. A timeout
 (the tests hung) or a crash (segfault) counts as killed; a mutant no selected test reaches counts
@@ -22,6 +24,7 @@ import collections
 import pathlib
 import random
 import re
+import signal
 import subprocess
 import sys
 import tomllib
@@ -80,23 +83,42 @@ def _change(line: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sample", type=int, default=0, help="mutants per file (0: all)")
-    ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--seed", default="13", help="the sample's seed, or several: 7,8,9 (one run, a report each)")
     ap.add_argument("--max-children", type=int, default=2)
-    ap.add_argument("--only", default="", help="files whose path contains this (e.g. signals)")
+    ap.add_argument("--only", default="", help="files whose path contains this, or one of several: hub,submit")
     ap.add_argument("--report", action="store_true", help="report the last run's results; run nothing")
     args = ap.parse_args()
+    seeds = [int(s) for s in args.seed.split(",")]
+    # Ctrl-C's tests need SIGINT delivered; a shell starting this in the background ignores it,
+    # and mutmut would inherit that. A handler of our own is reset to the default in mutmut.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if not args.report:     # mutmut generates the mutants, then refuses the unknown name
         subprocess.run([*MUTMUT, "run", "--max-children", "1", "__none__"], capture_output=True)
     table_of_files = files()
-    names = sorted(n for n in results() if module(n) in table_of_files and args.only in table_of_files[module(n)])
+    only = args.only.split(",")
+    names = sorted(n for n in results() if module(n) in table_of_files
+                   and any(part in table_of_files[module(n)] for part in only))
+    samples = {seed: names for seed in seeds}
     if args.sample:
         by_file = collections.defaultdict(list)
         for name in names:
             by_file[module(name)].append(name)
-        names = sorted(n for mod, group in by_file.items() for n in sample(group, args.sample, args.seed, table_of_files[mod]))
+        samples = {seed: sorted(n for mod, group in by_file.items()
+                                for n in sample(group, args.sample, seed, table_of_files[mod])) for seed in seeds}
     if not args.report:
-        subprocess.run([*MUTMUT, "run", "--max-children", str(args.max_children), *names], check=False)
+        union = sorted({n for chosen in samples.values() for n in chosen})
+        subprocess.run([*MUTMUT, "run", "--max-children", str(args.max_children), *union], check=False)
     status = results()
+    known = reasons()
+    for seed, chosen in samples.items():
+        if len(samples) > 1 or args.sample:
+            print(f"seed {seed}:" if args.sample else "all mutants:")
+        _report(chosen, status, known, table_of_files)
+    return 0
+
+
+def _report(names: list[str], status: dict[str, str], known: dict[str, dict[str, str]],
+            table_of_files: dict[str, str]) -> None:
     table = collections.defaultdict(collections.Counter)
     for name in names:
         table[module(name)][status.get(name, "not checked")] += 1
@@ -105,12 +127,10 @@ def main() -> int:
         total.update(counts)
         print(_line(table_of_files[mod], counts))
     print(_line("overall", total))
-    known = reasons()
     for name in names:
         if status.get(name) not in KILLED:
             why = "" if name not in status or status[name] == "not checked" else f"\n      {reason_for(name, known)}"
             print(f"  {status.get(name)}: {name}{why}")
-    return 0
 
 
 def _line(what: str, counts: collections.Counter) -> str:

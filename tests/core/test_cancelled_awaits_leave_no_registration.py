@@ -1,0 +1,42 @@
+"""A task that stops awaiting a pending future (cancelled, or timed out) takes its registration
+with it: the future holds no awaiter for it, and its completion hands nothing to that loop."""
+from __future__ import annotations
+
+import asyncio
+
+from aiogpu import _loops
+from fakes.fake_hub import ManualHub
+
+
+def test_a_cancelled_await_is_unregistered(monkeypatch):
+    hub = ManualHub()
+    fut = hub.new(1)
+    posted: list = []
+    original = _loops.AsyncioPort.post
+
+    def post(self, awaiters):
+        posted.extend(awaiters)
+        return original(self, awaiters)
+
+    monkeypatch.setattr(_loops.AsyncioPort, "post", post)
+
+    async def main() -> None:
+        task = asyncio.create_task(_await(fut))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sum(map(len, (fut._ports or {}).values())) == 1     # parked on it
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        assert sum(map(len, (fut._ports or {}).values())) == 0
+        hub.complete(fut)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert posted == []
+
+
+async def _await(fut) -> None:
+    await fut
