@@ -192,13 +192,20 @@ def full_name(name: str) -> str:
 
 def modules(import_all: bool = True) -> list[CoreModule]:
     """What is loaded for each core module and each compiled module elsewhere (importing them
-    first unless ``import_all`` is false; a module not imported then reads 'not imported').
-    Raises what importing one raises."""
+    first unless ``import_all`` is false; a module not imported then reads 'not imported', and
+    one that cannot be imported here, e.g. for want of a backend's bindings, 'not imported
+    (the ImportError)'). Raises what importing one raises, ImportError aside."""
     out = []
     for name in module_names():
         full = full_name(name)
         if import_all:
-            importlib.import_module(full)
+            try:
+                importlib.import_module(full)
+            except ImportError as exc:
+                # (a backend's module whose driver bindings are not installed here: the rest
+                # still say what they are)
+                out.append(CoreModule(name, False, f"not imported ({exc})"))
+                continue
         mod = sys.modules.get(full)
         if mod is None:
             out.append(CoreModule(name, False, "not imported"))
@@ -215,7 +222,7 @@ def summary() -> str:
     """One line: ``core: compiled (Cython 3.3.1: hazards, ...)``, ``core: interpreted
     (AIOGPU_PURE_CORE=1)``, or, mixed, what is compiled and why the rest is not (modules
     without a ``.pxd`` are interpreted by design and not listed)."""
-    mods = [m for m in modules() if m.reason != "no .pxd"]
+    mods = [m for m in modules() if m.reason != "no .pxd" and not m.reason.startswith("not imported")]
     compiled = [m.name for m in mods if m.compiled]
     others = [m for m in mods if not m.compiled]
     cython = f"Cython {CYTHON_VERSION}" if CYTHON_VERSION else "Cython"

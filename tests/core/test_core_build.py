@@ -230,3 +230,17 @@ def test_the_build_finds_modules_outside_the_core_and_records_them_by_full_name(
     assert found["aiogpu.cuda._probe"] == "aiogpu.cuda._probe" and "aiogpu.cuda._lonely" not in found
     assert found["aiogpu._core.hazards"] == "hazards"
     assert scope["source_base"]("aiogpu.cuda._probe") == os.path.join("aiogpu", "cuda", "_probe")
+
+
+def test_a_compiled_module_that_cannot_be_imported_here_is_reported_not_fatal(tmp_path):
+    """A backend's compiled module whose bindings are missing here: ``aiogpu info`` still runs,
+    and says so for that module."""
+    copied = _copy_package(tmp_path)
+    (copied / "cuda" / "_probe.py").write_text("import no_such_driver_bindings\n")
+    (copied / "cuda" / "_probe.pxd").write_text("")
+    out = _child(REPORT.replace("sys.modules[c.full_name(m.name)].__file__", "None"), tmp_path,
+                 cwd=tmp_path, AIOGPU_PURE_CORE="1").stdout.splitlines()
+    got = {m[0]: m for m in json.loads(out[0])}
+    assert got["aiogpu.cuda._probe"][1] is False
+    assert got["aiogpu.cuda._probe"][2].startswith("not imported (No module named 'no_such_driver_bindings'")
+    assert out[1] == "core: interpreted (AIOGPU_PURE_CORE=1)"
