@@ -411,8 +411,9 @@ class Device(DeviceHooks):
         key = (kernel, grid, block)
         try:
             shape = self._shapes[key]
-            return shape[0], shape[1]
-        except (KeyError, TypeError):       # new, or unhashable (lists): validate
+            if _submit.plain_ints(grid) and _submit.plain_ints(block):   # (not True or 1.0 for 1)
+                return shape[0], shape[1]
+        except (KeyError, TypeError):       # new, or unhashable (lists), or not tuples: validate
             pass
         got = check_launch(kernel, grid, block)
         self._check_grid(*got)

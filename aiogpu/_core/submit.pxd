@@ -44,3 +44,6 @@ cdef _Held _new_held(object ranges, GPUFuture fut)
 
 @cython.locals(held=_Held, views=list, d=GPUFuture)
 cpdef track(object rt, GPUFuture fut, object reads, object writes, object deps=*, object keep=*, object cleanup=*)
+
+@cython.locals(x=object)
+cpdef bint plain_ints(tuple shape)

@@ -98,6 +98,16 @@ def pick_lane(device: Any, deps: dict) -> Any:
     return best
 
 
+def plain_ints(shape: tuple) -> bool:
+    """Whether every entry of ``shape`` is an int and no bool: a cached launch shape is found
+    by equality, and ``(True,)`` and ``(1.0,)`` equal ``(1,)`` (and hash alike), so a lookup
+    that hit is taken only for the plain integers validation accepted."""
+    for x in shape:
+        if type(x) is not int:
+            return False
+    return True
+
+
 # -- the operations --------------------------------------------------------------------------------
 def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> GPUFuture | None:
     """``Device.launch`` of the common case in one call: a (kernel, grid, block) that the
@@ -110,7 +120,7 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
     if type(args) is not tuple or type(grid) is not tuple or type(block) is not tuple:
         return None                    # (lists: unhashable, no shape cached)
     shape = device._shapes.get((kernel, grid, block))
-    if shape is None:
+    if shape is None or not plain_ints(grid) or not plain_ints(block):
         return None
     plan = shape[2]                    # (kernel.arg_plan, ._reads, ._writes, .name: see Device._launch_shape)
     n = len(args)
