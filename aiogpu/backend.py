@@ -162,6 +162,10 @@ class RuntimeHooks:
         (lock or pin them; what must be undone goes to ``op.cleanup``)."""
         raise NotImplementedError
 
+    # Whether ``_copy_lane`` gives every copy a lane (a copy stream always takes one): the
+    # core then never asks ``_engine_may_take`` while copy engines are on.
+    engines_take_every_copy = False
+
     def _engine_may_take(self, op: Any) -> bool:
         """Whether ``_copy_lane`` is expected to give ``op`` an engine now: a cheap
         prediction, asked only while the built-in copy kernel is not loaded. Default: always."""
