@@ -11,7 +11,9 @@ PY := $(VENV)/bin/python
 # default mode's import hook is invisible to it; setuptools calls compat transitional: its
 # "strict" mode, a tree of links, serves mypy too). It builds the compiled parts in the tree.
 C_SOURCES := aiogpu/cuda/_hotc.c aiogpu/vkfd/vkfd.c aiogpu/vkfd/hsakmt.ver
-CORE_SOURCES := $(sort $(wildcard aiogpu/_core/*.py aiogpu/_core/*.pxd))
+# (the core's modules, and every module elsewhere with a .pxd: the install compiles them)
+PXD := $(shell find aiogpu -name '*.pxd')
+CORE_SOURCES := $(sort $(wildcard aiogpu/_core/*.py) $(PXD) $(wildcard $(PXD:.pxd=.py)))
 BUILD_SOURCES := pyproject.toml setup.py $(C_SOURCES) $(CORE_SOURCES) Makefile
 BUILD := $(shell cat $(BUILD_SOURCES) | cksum | cut -d' ' -f1)
 # Where a C compiler exists the install compiles the core, and the suite checks it did.
@@ -57,4 +59,5 @@ stress: $(RUN_STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info aiogpu/cuda/_hotc*.so aiogpu/vkfd/libhsakmt.so* \
-		aiogpu/_core/*.so aiogpu/_core/*.c aiogpu/_core/_compiled.txt
+		aiogpu/_core/_compiled.txt $(PXD:.pxd=.c) $(foreach p,$(PXD:.pxd=),$(wildcard $(p).*.so)) \
+		aiogpu/_core/*.so

@@ -1,12 +1,12 @@
-"""The optional compiled parts: the core (aiogpu/_core/X.py with an X.pxd beside it, compiled by
-Cython 3 in pure-Python mode), the CUDA backend's hot path (aiogpu/cuda/_hotc.c) and the virtual
+"""The optional compiled parts: the core and the per-operation modules of the API and the
+backends (every aiogpu/**/X.py with an X.pxd beside it, compiled by Cython 3 in pure-Python mode), the CUDA backend's hot path (aiogpu/cuda/_hotc.c) and the virtual
 KFD of the hsa-virtual backend (aiogpu/vkfd/vkfd.c, built as aiogpu/vkfd/libhsakmt.so.1);
 everything else about the package is in pyproject.toml.
 
 The core is compiled where Cython 3 and a C compiler exist; elsewhere (or if compiling fails)
 the install warns and the same .py files run interpreted. Each compiled module is recorded, with
-the hash of the sources it was compiled from, in aiogpu/_core/_compiled.txt beside it: the core
-loads a compiled module only while its sources still match (see aiogpu/_core/__init__.py).
+the hash of the sources it was compiled from, in aiogpu/_core/_compiled.txt: aiogpu loads a
+compiled module only while its sources still match (see aiogpu/_core/__init__.py).
 
 The extension is built where a C compiler and this Python's headers exist and skipped, with a
 warning, where they do not: aiogpu then uses its pure-Python hot path (aiogpu.cuda.driver picks
@@ -45,21 +45,22 @@ class OptionalBuildExt(build_ext):
         except Exception as exc:  # noqa: BLE001
             if ext.name == VKFD:
                 what = "virtual KFD (hsa-virtual backend)"
-            elif ext.name.startswith(CORE + "."):
-                what = f"compiled core module ({ext.name}; its .py runs interpreted)"
+            elif ext.name in COMPILED_NAMES:
+                what = f"compiled module ({ext.name}; its .py runs interpreted)"
             else:
                 what = f"C hot path ({ext.name})"
             self.warn(f"the optional {what} was not built: {exc}")
             return
-        if ext.name.startswith(CORE + "."):
-            self._core_built.append(ext.name.rsplit(".", 1)[1])
+        if ext.name in COMPILED_NAMES:
+            self._core_built.append(COMPILED_NAMES[ext.name])
 
     def _write_core_record(self) -> None:
         """aiogpu/_core/_compiled.txt beside the compiled core: the Cython version, then one line
-        per compiled module, "name digest" (the format aiogpu/_core/__init__.py reads)."""
-        if not CORE_MODULES:
+        per compiled module, "name digest" (the format aiogpu/_core/__init__.py reads; a core
+        module's name is its own, "futures", any other's its full name, "aiogpu.memory")."""
+        if not COMPILED_NAMES:
             return
-        out_dir = os.path.dirname(self.get_ext_fullpath(f"{CORE}.{CORE_MODULES[0]}"))
+        out_dir = os.path.dirname(self.get_ext_fullpath(f"{CORE}.__init__"))
         os.makedirs(out_dir, exist_ok=True)
         lines = [CYTHON_VERSION] + [f"{name} {core_digest(name)}" for name in sorted(self._core_built)]
         with open(os.path.join(out_dir, "_compiled.txt"), "w", encoding="ascii") as f:
@@ -87,12 +88,31 @@ CORE = "aiogpu._core"
 CORE_DIR = os.path.join("aiogpu", "_core")
 
 
+def compiled_modules() -> dict[str, str]:
+    """{full module name: the name the build record gives it} of every aiogpu/**/X.py with an
+    X.pxd beside it: a core module's own name ("futures"), any other's full name."""
+    out = {}
+    for pxd in sorted(glob.glob(os.path.join("aiogpu", "**", "*.pxd"), recursive=True)):
+        if not os.path.exists(pxd[:-4] + ".py"):
+            continue
+        full = pxd[:-4].replace(os.sep, ".")
+        out[full] = full.rsplit(".", 1)[1] if os.path.dirname(pxd) == CORE_DIR else full
+    return out
+
+
+def source_base(name: str) -> str:
+    """A recorded name's source path without suffix (as aiogpu._core.source_base)."""
+    if name.startswith("aiogpu."):
+        return os.path.join(*name.split("."))
+    return os.path.join(CORE_DIR, name)
+
+
 def core_digest(name: str) -> str:
-    """The hash of a core module's .py and .pxd (the same as aiogpu._core.source_digest, which
-    this file cannot import: the package's dependencies are not in the build environment)."""
+    """The hash of a compiled module's .py and .pxd (the same as aiogpu._core.source_digest,
+    which this file cannot import: the package's dependencies are not in the build environment)."""
     h = hashlib.sha256()
     for suffix in (".py", ".pxd"):
-        path = os.path.join(CORE_DIR, name + suffix)
+        path = source_base(name) + suffix
         if os.path.exists(path) or suffix == ".py":
             with open(path, "rb") as f:
                 h.update(f.read())
@@ -106,24 +126,23 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in m.group(0).split(".")) if m else ()
 
 
-def core_extensions() -> tuple[list, list[str], str]:
-    """(extensions, module names, Cython version) of the core modules that have a .pxd; none,
-    with a warning, where Cython 3 is missing or cannot translate them."""
-    names = sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(CORE_DIR, "*.pxd"))
-                   if os.path.exists(p[:-4] + ".py"))
+def core_extensions() -> tuple[list, dict[str, str], str]:
+    """(extensions, {full name: recorded name}, Cython version) of the modules that have a .pxd;
+    none, with a warning, where Cython 3 is missing or cannot translate them."""
+    names = compiled_modules()
     if not names or os.environ.get("AIOGPU_NO_COMPILE_CORE", "") not in ("", "0"):
-        return [], [], ""
+        return [], {}, ""
     try:
         import Cython
         from Cython.Build import cythonize
     except ImportError:
         warnings.warn("Cython is not installed: the core (aiogpu/_core) runs interpreted")
-        return [], [], ""
+        return [], {}, ""
     if _version(Cython.__version__) < MIN_CYTHON:
         warnings.warn(f"Cython {Cython.__version__} is older than {'.'.join(map(str, MIN_CYTHON))}: "
                       f"the core (aiogpu/_core) runs interpreted")
-        return [], [], ""
-    exts = [Extension(f"{CORE}.{n}", [os.path.join(CORE_DIR, n + ".py")], optional=True) for n in names]
+        return [], {}, ""
+    exts = [Extension(full, [full.replace(".", os.sep) + ".py"], optional=True) for full in names]
     try:
         exts = cythonize(exts, build_dir=os.path.join("build", "cython"), quiet=True,
                          compiler_directives={"language_level": 3,
@@ -132,13 +151,13 @@ def core_extensions() -> tuple[list, list[str], str]:
                                              "annotation_typing": False})
     except Exception as exc:  # noqa: BLE001 - a translation error means "interpreted", never a failed install
         warnings.warn(f"Cython could not translate the core (aiogpu/_core runs interpreted): {exc}")
-        return [], [], ""
+        return [], {}, ""
     for ext in exts:
         ext.optional = True
     return exts, names, Cython.__version__
 
 
-CORE_EXTENSIONS, CORE_MODULES, CYTHON_VERSION = core_extensions()
+CORE_EXTENSIONS, COMPILED_NAMES, CYTHON_VERSION = core_extensions()
 
 
 setup(

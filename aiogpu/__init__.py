@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+# First: its import finder decides, for every compiled module of aiogpu, whether the extension or
+# the .py is loaded (stale builds, AIOGPU_PURE_CORE): it must be in place before any of them.
+from . import _core  # noqa: F401
 from .errors import (BackendUnavailable, BlockingCallError, CudaError, DeviceFault, DeviceLost, GPUError, HsaError,
                      InjectedFault, InvalidStateError, KernelError, MemoryFault, NotOnCudaError, OutOfMemoryError,
                      RuntimeClosedError, WatchdogTimeout)

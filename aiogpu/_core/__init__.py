@@ -1,16 +1,20 @@
 """The core: what runs per operation, kept free of driver calls, event loops and user-facing
-validation so that it can be compiled.
+validation so that it can be compiled; and the loading of every compiled module of aiogpu.
 
 Each module here is one source, ``X.py``. The package build compiles those with a ``X.pxd``
 beside them (Cython 3, pure-Python mode) where Cython and a C compiler exist; elsewhere, and for
 the modules without a ``.pxd``, the ``.py`` runs as it is. Both must behave the same: the suite
-runs both ways (``make test``, ``make test-interpreted``).
+runs both ways (``make test``, ``make test-interpreted``). The same holds for the per-operation
+modules outside the core, in the API and the backends (a ``.pxd`` beside ``aiogpu/P/X.py``):
+the rules below cover them too, and they are named by their full name (``aiogpu.memory``), the
+core's modules by their own (``futures``). ``aiogpu/__init__.py`` imports this package first, so
+that the finder below is in place before any of them is imported.
 
 ``AIOGPU_PURE_CORE=1`` in the environment (read once, when ``aiogpu._core`` is first imported) loads
-every core module from its ``.py`` even where its compiled module is built: the finder below
-goes before the import system's own, which would prefer the extension. A compiled module older
-than its sources (edited since the build, without a rebuild) is not loaded either: the ``.py``
-runs and ``modules()`` says why, so an edit is never silently ignored.
+every compiled module from its ``.py`` even where it is built: the finder below goes before the
+import system's own, which would prefer the extension. A compiled module older than its sources
+(edited since the build, without a rebuild) is not loaded either: the ``.py`` runs and
+``modules()`` says why, so an edit is never silently ignored.
 
 ``modules()`` and ``summary()`` say what is loaded, per module, and why; ``aiogpu info`` prints
 ``summary()``.
@@ -28,6 +32,8 @@ PURE_ENV = "AIOGPU_PURE_CORE"
 PURE: bool = os.environ.get(PURE_ENV, "") not in ("", "0")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE = os.path.dirname(_HERE)           # aiogpu/
+_TOP = os.path.basename(_PACKAGE)           # "aiogpu"
 # Written by the build beside the compiled modules (see setup.py): the Cython version, then one
 # line per compiled module, "name sha256", the hash of its .py and .pxd as compiled.
 BUILD_RECORD = "_compiled.txt"
@@ -43,13 +49,22 @@ class CoreModule(NamedTuple):
     reason: str
 
 
-def source_digest(name: str, directory: str = _HERE) -> str:
-    """The hash of a core module's sources (``name.py`` and ``name.pxd``, in that order) as the
-    build records it. Raises OSError if ``name.py`` cannot be read."""
+def source_base(name: str) -> str:
+    """The path, without its suffix, of a compiled module's sources: ``futures`` (a core module)
+    or ``aiogpu.cuda.streams`` (any other)."""
+    if name.startswith(_TOP + "."):
+        return os.path.join(_PACKAGE, *name.split(".")[1:])
+    return os.path.join(_HERE, name)
+
+
+def source_digest(name: str) -> str:
+    """The hash of a compiled module's sources (``X.py`` and ``X.pxd``, in that order) as the
+    build records it. Raises OSError if ``X.py`` cannot be read."""
     h = hashlib.sha256()
+    base = source_base(name)
     for suffix in (".py", ".pxd"):
         try:
-            with open(os.path.join(directory, name + suffix), "rb") as f:
+            with open(base + suffix, "rb") as f:
                 h.update(f.read())
         except FileNotFoundError:
             if suffix == ".py":
@@ -78,24 +93,35 @@ _WHY_INTERPRETED: dict[str, str] = {}
 
 
 def _extension_path(name: str) -> str | None:
+    base = source_base(name)
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = os.path.join(_HERE, name + suffix)
+        path = base + suffix
         if os.path.exists(path):
             return path
     return None
 
 
+def _name_of(fullname: str) -> str | None:
+    """A module's name as the lists here give it (None: not a module of this package)."""
+    if not fullname.startswith(_TOP + "."):
+        return None
+    prefix, _, name = fullname.rpartition(".")
+    return name if prefix == __name__ else fullname
+
+
 class _SourceFirst:
-    """A meta-path finder for ``aiogpu._core.X``: the ``.py`` where pure mode is asked for or the
-    compiled module is stale; otherwise it declines and the import system finds the extension."""
+    """A meta-path finder for aiogpu's modules that have a ``.pxd``: the ``.py`` where pure mode
+    is asked for or the compiled module is stale; otherwise it declines and the import system
+    finds the extension."""
 
     @staticmethod
     def find_spec(fullname: str, path: Sequence[str] | None = None, target: object = None):
-        prefix, _, name = fullname.rpartition(".")
-        if prefix != __name__ or not name:
+        name = _name_of(fullname)
+        if name is None:
             return None
-        source = os.path.join(_HERE, name + ".py")
-        if not os.path.exists(source) or not os.path.exists(os.path.join(_HERE, name + ".pxd")):
+        base = source_base(name)
+        source = base + ".py"
+        if not os.path.exists(base + ".pxd") or not os.path.exists(source):
             return None
         if PURE:
             why = f"{PURE_ENV}=1"
@@ -116,16 +142,32 @@ if not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
 
 
 def module_names() -> list[str]:
-    """The core's modules (every ``X.py`` here), sorted."""
-    return sorted(f[:-3] for f in os.listdir(_HERE) if f.endswith(".py") and f != "__init__.py")
+    """The core's modules (every ``X.py`` here), sorted, then the compiled modules elsewhere in
+    aiogpu (an ``X.py`` with an ``X.pxd`` beside it), by full name, sorted."""
+    core = sorted(f[:-3] for f in os.listdir(_HERE) if f.endswith(".py") and f != "__init__.py")
+    others = []
+    for folder, dirs, files in os.walk(_PACKAGE):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        if os.path.samefile(folder, _HERE):
+            continue
+        parts = [_TOP, *os.path.relpath(folder, _PACKAGE).split(os.sep)]
+        parts = [p for p in parts if p != "."]
+        others += [".".join([*parts, f[:-4]]) for f in files if f.endswith(".pxd") and f[:-4] + ".py" in files]
+    return core + sorted(others)
+
+
+def full_name(name: str) -> str:
+    """The importable name of ``name`` as ``module_names`` gives it."""
+    return name if name.startswith(_TOP + ".") else f"{__name__}.{name}"
 
 
 def modules(import_all: bool = True) -> list[CoreModule]:
-    """What is loaded for each core module (importing them first unless ``import_all`` is
-    false; a module not imported then reads 'not imported'). Raises what importing one raises."""
+    """What is loaded for each core module and each compiled module elsewhere (importing them
+    first unless ``import_all`` is false; a module not imported then reads 'not imported').
+    Raises what importing one raises."""
     out = []
     for name in module_names():
-        full = f"{__name__}.{name}"
+        full = full_name(name)
         if import_all:
             importlib.import_module(full)
         mod = sys.modules.get(full)
@@ -133,7 +175,7 @@ def modules(import_all: bool = True) -> list[CoreModule]:
             out.append(CoreModule(name, False, "not imported"))
         elif isinstance(getattr(mod, "__loader__", None), importlib.machinery.ExtensionFileLoader):
             out.append(CoreModule(name, True, "compiled"))
-        elif not os.path.exists(os.path.join(_HERE, name + ".pxd")):
+        elif not os.path.exists(source_base(name) + ".pxd"):
             out.append(CoreModule(name, False, "no .pxd"))
         else:
             out.append(CoreModule(name, False, _WHY_INTERPRETED.get(name, "not built")))

@@ -23,14 +23,18 @@ import aiogpu._core as core
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE_DIR = ROOT / "aiogpu" / "_core"
-TYPED = sorted(p.stem for p in CORE_DIR.glob("*.pxd") if p.with_suffix(".py").exists())
+# Every compiled module, as aiogpu._core names them: the core's ("futures"), then the others by
+# full name ("aiogpu.memory"); and each one's source path without its suffix, relative to ROOT.
+TYPED = [n for n in core.module_names() if Path(core.source_base(n) + ".pxd").exists()]
+SOURCE = {n: Path(core.source_base(n)).relative_to(ROOT / "aiogpu") for n in core.module_names()}
 EXPECT_COMPILED = os.environ.get("AIOGPU_EXPECT_COMPILED", "") not in ("", "0")
-BUILT = all(any((CORE_DIR / (n + s)).exists() for s in importlib.machinery.EXTENSION_SUFFIXES) for n in TYPED)
+BUILT = all(any(Path(core.source_base(n) + s).exists() for s in importlib.machinery.EXTENSION_SUFFIXES)
+            for n in TYPED)
 
-# What a child reports: each core module's (name, compiled, reason, file), then summary().
+# What a child reports: each compiled module's (name, compiled, reason, file), then summary().
 REPORT = ("import json, sys, aiogpu._core as c\n"
           "mods = c.modules()\n"
-          "print(json.dumps([[m.name, m.compiled, m.reason, sys.modules['aiogpu._core.' + m.name].__file__]"
+          "print(json.dumps([[m.name, m.compiled, m.reason, sys.modules[c.full_name(m.name)].__file__]"
           " for m in mods]))\n"
           "print(c.summary())\n")
 
@@ -57,7 +61,7 @@ def test_pure_core_loads_every_core_module_from_its_source():
     mods, line = _report(AIOGPU_PURE_CORE="1")
     assert {m[0] for m in mods} == set(core.module_names())
     for name, compiled, reason, file in mods:
-        assert not compiled and file.endswith(os.sep + name + ".py"), (name, file)
+        assert not compiled and file == str(ROOT / "aiogpu" / SOURCE[name]) + ".py", (name, file)
         assert reason == ("AIOGPU_PURE_CORE=1" if name in TYPED else "no .pxd")
     assert line == "core: interpreted (AIOGPU_PURE_CORE=1)"
 
@@ -77,43 +81,45 @@ def test_this_suite_runs_on_the_core_it_was_asked_for():
     process is an extension module (not the .py, which a failed or skipped build leaves)."""
     mods = {m.name: m for m in core.modules()}
     for name in TYPED:
-        file = sys.modules[f"aiogpu._core.{name}"].__file__
+        file = sys.modules[core.full_name(name)].__file__
         if core.PURE:
             assert not mods[name].compiled and file.endswith(".py")
         elif EXPECT_COMPILED:
-            assert mods[name].compiled, (f"make test runs on an interpreted aiogpu._core.{name} "
+            assert mods[name].compiled, (f"make test runs on an interpreted {core.full_name(name)} "
                                          f"({mods[name].reason}; loaded from {file})")
         else:
             assert mods[name].compiled == BUILT or mods[name].reason.startswith("stale build")
 
 
 def _copy_package(dest: Path) -> Path:
+    """A copy of the package under ``dest``; its folder."""
     shutil.copytree(ROOT / "aiogpu", dest / "aiogpu", ignore=shutil.ignore_patterns("__pycache__"))
-    return dest / "aiogpu" / "_core"
+    return dest / "aiogpu"
 
 
 @pytest.mark.skipif(not BUILT, reason="the core's extension modules are not built in this tree")
 def test_a_compiled_module_older_than_its_sources_is_not_loaded(tmp_path):
     """An edit to X.py or X.pxd without a rebuild: X.py runs (never the stale extension)."""
     copied = _copy_package(tmp_path)
-    name = TYPED[0]
-    with open(copied / f"{name}.pxd", "a") as f:
+    name = TYPED[-1]                          # (a module outside the core, once there is one)
+    with open(f"{copied / SOURCE[name]}.pxd", "a") as f:
         f.write("\n# edited\n")
     mods, line = _report(tmp_path, cwd=tmp_path)
     got = {m[0]: m for m in mods}
-    assert got[name][3] == str(copied / f"{name}.py")
+    assert got[name][3] == f"{copied / SOURCE[name]}.py"
     assert not got[name][1] and got[name][2].startswith(f"stale build ({name}.py or {name}.pxd changed")
     assert "stale build" in line
 
 
 def test_without_a_build_the_core_runs_interpreted_and_says_so(tmp_path):
     copied = _copy_package(tmp_path)
-    for p in copied.iterdir():
-        if p.name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)) or p.name == core.BUILD_RECORD:
-            p.unlink()
+    for name in TYPED:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            Path(f"{copied / SOURCE[name]}{suffix}").unlink(missing_ok=True)
+    (copied / "_core" / core.BUILD_RECORD).unlink(missing_ok=True)
     mods, line = _report(tmp_path, cwd=tmp_path)
     for name, compiled, reason, file in mods:
-        assert not compiled and file == str(copied / f"{name}.py")
+        assert not compiled and file == f"{copied / SOURCE[name]}.py"
         assert reason == ("not built" if name in TYPED else "no .pxd")
     assert line == "core: interpreted (not built)"
 
@@ -138,7 +144,7 @@ def test_the_build_without_cython_warns_and_leaves_the_core_to_its_sources(monke
         warnings.simplefilter("always")
         got = _setup_arguments(monkeypatch, cython=False)
     names = [ext.name for ext in got["ext_modules"]]
-    assert "aiogpu.cuda._hotc" in names and not [n for n in names if n.startswith("aiogpu._core.")]
+    assert "aiogpu.cuda._hotc" in names and not [n for n in names if core.full_name(n) in map(core.full_name, TYPED)]
     assert any("Cython is not installed: the core (aiogpu/_core) runs interpreted" in str(w.message) for w in caught)
 
 
@@ -147,9 +153,9 @@ def test_the_build_with_cython_compiles_each_typed_core_module(monkeypatch):
     got = _setup_arguments(monkeypatch, cython=True)
     exts = {ext.name: ext for ext in got["ext_modules"]}
     for name in TYPED:
-        ext = exts[f"aiogpu._core.{name}"]
+        ext = exts[core.full_name(name)]
         assert ext.optional                     # a compiler error warns, never fails the install
-        assert [os.path.basename(s) for s in ext.sources] == [f"{name}.c"]
+        assert [os.path.basename(s) for s in ext.sources] == [f"{SOURCE[name].name}.c"]
 
 
 def test_the_build_record_matches_the_sources_it_was_built_from(monkeypatch):
@@ -180,3 +186,33 @@ def test_the_core_keeps_positions_as_given_compiled_or_not():
     with pytest.raises(AttributeError):
         r.label = "x"                           # slotted, as the .py's __slots__
     assert isinstance(r, HostRange) and r.hazards is hz
+
+
+def test_a_module_outside_the_core_with_a_pxd_follows_the_same_rules(tmp_path):
+    """A per-operation module of the API or a backend (a .pxd beside aiogpu/P/X.py) is listed
+    by its full name and loaded by the same rules: its .py while it is not built, or with
+    AIOGPU_PURE_CORE=1."""
+    copied = _copy_package(tmp_path)
+    (copied / "cuda" / "_probe.py").write_text("def twice(x):\n    return 2 * x\n")
+    (copied / "cuda" / "_probe.pxd").write_text("cpdef object twice(object x)\n")
+    code = REPORT.replace("mods = c.modules()", "import aiogpu.cuda._probe as p; assert p.twice(2) == 4\n"
+                          "mods = c.modules()")
+    for env, why in (({}, "not built"), ({"AIOGPU_PURE_CORE": "1"}, "AIOGPU_PURE_CORE=1")):
+        out = _child(code, tmp_path, cwd=tmp_path, **env).stdout.splitlines()
+        got = {m[0]: m for m in json.loads(out[0])}
+        assert got["aiogpu.cuda._probe"][1:] == [False, why, str(copied / "cuda" / "_probe.py")], got
+
+
+def test_the_build_finds_modules_outside_the_core_and_records_them_by_full_name(monkeypatch, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scope = _setup_arguments(monkeypatch, cython=False, scope=True)
+    copied = _copy_package(tmp_path)
+    (copied / "cuda" / "_probe.py").write_text("x = 1\n")
+    (copied / "cuda" / "_probe.pxd").write_text("cdef public object x\n")
+    (copied / "cuda" / "_lonely.pxd").write_text("")          # no .py beside it: not a module
+    monkeypatch.chdir(tmp_path)
+    found = scope["compiled_modules"]()
+    assert found["aiogpu.cuda._probe"] == "aiogpu.cuda._probe" and "aiogpu.cuda._lonely" not in found
+    assert found["aiogpu._core.hazards"] == "hazards"
+    assert scope["source_base"]("aiogpu.cuda._probe") == os.path.join("aiogpu", "cuda", "_probe")
