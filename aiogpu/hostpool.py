@@ -29,12 +29,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .memory import BLOCK, SMALL_LIMIT, BuddyAllocator, round_up
+from .memory import BLOCK, MIN_ORDER, MIN_PIECE, SMALL_LIMIT, BuddyAllocator, round_up
 
 # Idle large slabs kept for reuse beyond which the oldest are unpinned and unmapped.
 LARGE_CACHE_BYTES = 1 << 30
 # Block sizes whose owner class (see ``_owner_class``) is kept; others get a class per call.
 OWNER_CLASSES = 64
+# Small blocks given back and kept, per size, ready to hand out again as they were (no buddy
+# allocator or slab lookup): a service takes and gives back the same sizes per request.
+READY_PER_SIZE = 64
 
 
 def _owner_class(size: int, cache: dict = {}) -> Any:
@@ -87,7 +90,11 @@ class PinnedPool:
         self._small = BuddyAllocator(self._small_slab, self._idle_small.append)
         self._large_free: dict[int, list[int]] = collections.defaultdict(list)
         self._large_idle: collections.OrderedDict[int, int] = collections.OrderedDict()
-        self._returns: collections.deque = collections.deque()   # (address, large?) from any thread
+        # Tokens of blocks handed out and given back, from any thread: (address, order, device
+        # pointer, slab), order -1 for a large block.
+        self._returns: collections.deque = collections.deque()
+        # Small blocks given back, by order: their tokens, ready to hand out again.
+        self._ready: list[list[tuple]] = [[] for _ in range(SMALL_LIMIT.bit_length())]
         self._handed_out = 0
         self.closed = False
 
@@ -99,9 +106,9 @@ class PinnedPool:
     # -- allocation ------------------------------------------------------------------------------
     def block(self, nbytes: int) -> tuple[int, int, Callable[[], None]]:
         """(host address, device pointer, release) of a pinned block of at least ``nbytes``."""
-        address, large, _, slab = self._carve(nbytes)
+        token = self._carve(nbytes)
         returns = self._returns
-        return address, slab.device + (address - slab.base), lambda: returns.append((address, large))
+        return token[0], token[2], lambda: returns.append(token)
 
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
@@ -112,25 +119,30 @@ class PinnedPool:
         """``empty(nbytes, dtype)``, the host address and the device pointer of its first byte
         (the address: reading it back through ``__array_interface__`` costs microseconds)."""
         dtype = np.dtype(dtype)
-        address, large, size, slab = self._carve(nbytes)
+        token = self._carve(nbytes)
+        address, order, device, slab = token
+        size = (1 << order) if order >= 0 else slab.size
         owner = _owner_class(size).from_buffer(slab.map, address - slab.start)
-        owner.returns, owner.token = self._returns, (address, large)
-        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), address, slab.device + (address - slab.base)
+        owner.returns, owner.token = self._returns, token
+        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), address, device
 
-    def _carve(self, nbytes: int) -> tuple[int, bool, int, _Slab]:
-        """(address, large?, size, slab) of a block of at least ``nbytes``, counted handed out."""
+    def _carve(self, nbytes: int) -> tuple:
+        """The token (address, order (-1: large), device pointer, slab) of a block of at least
+        ``nbytes``, counted handed out."""
         if self._returns:
             self._take_returns()
-        if nbytes <= SMALL_LIMIT:
-            size = 1 << self._small.order_for(nbytes)
-            address, large = self._small.alloc(nbytes), False
-        else:
-            size = round_up(nbytes, BLOCK)
-            address, large = self._large(size), True
         self._handed_out += 1
+        if nbytes <= SMALL_LIMIT:
+            order = MIN_ORDER if nbytes <= MIN_PIECE else (nbytes - 1).bit_length()
+            ready = self._ready[order]
+            if ready:
+                return ready.pop()
+            address = self._small.alloc(nbytes)
+        else:
+            order, address = -1, self._large(round_up(nbytes, BLOCK))
         slab = self._slab_of(address)
         assert slab is not None                  # the block was just carved from a slab
-        return address, large, size, slab
+        return address, order, slab.device + (address - slab.base), slab
 
     def device_pointer(self, address: int, nbytes: int = 1) -> int | None:
         """The device pointer of ``address`` if ``[address, address + nbytes)`` lies in one of
@@ -168,13 +180,19 @@ class PinnedPool:
     def _take_returns(self) -> None:
         returns = self._returns
         while returns:
-            address, large = returns.popleft()
+            token = returns.popleft()
             self._handed_out -= 1
             if self.closed:
                 continue
-            if not large:
-                self._small.free(address)
+            order = token[1]
+            if order >= 0:
+                ready = self._ready[order]
+                if len(ready) < READY_PER_SIZE:
+                    ready.append(token)
+                else:
+                    self._small.free(token[0])
                 continue
+            address = token[0]
             size = self._slabs[address].size
             self._large_free[size].append(address)
             self._large_idle[address] = size
@@ -201,5 +219,7 @@ class PinnedPool:
         """Unpin every slab (the runtime is closing). Arrays handed out stay valid memory."""
         self._take_returns()
         self.closed = True
+        for ready in self._ready:
+            ready.clear()
         for base in list(self._slabs):
             self._drop(base)
