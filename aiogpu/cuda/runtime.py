@@ -29,6 +29,7 @@ from .._core.copies import CopyOp
 from ..runtime import FIXES, Runtime
 from . import driver as D
 from . import nvrtc
+from . import copies as _copies
 from . import foreign, hostmem, interop, probe
 from .device import CudaDevice
 from .driver import cu
@@ -251,51 +252,9 @@ class CudaRuntime(Runtime):
             op.dst.ptr, op.on_complete, op.staging = self._host_destination(
                 op.dst.obj, op.dst.state, op.nbytes, op.cleanup)
 
-    def _encode_copy(self, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cleanup: list) -> tuple:
-        """The copy on ``lane`` (a copy stream of the engine device, or the compute stream of its
-        only input: ``_copy_lane``)."""
-        dst, src = op.dst, op.src
-        dptr, sptr, nbytes = dst.ptr, src.ptr, op.nbytes
-        patched = self._patches        # (_take_patches inlined: this runs per copy)
-        fusable = False
-        if patched is not None and patched[0] is op:
-            self._patches = None
-            copy = self._with_patches(op, functools.partial(D.HOT.memcpy, dptr, sptr, nbytes), patched[1])
-        elif op.direction != "peer" or dst.device.index in src.device.peers:     # (_shader_can_copy)
-            # (fusable: passes the word on; a partial of the hot path's memcpy, not a closure:
-            # calling it runs no Python frame)
-            copy, fusable = functools.partial(D.HOT.memcpy, dptr, sptr, nbytes), True
-        else:
-            dctx, sctx = dst.device.ctx, src.device.ctx
-            copy = lambda stream, word, ticket: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
-        if dst.stream is not None or src.stream is not None:     # (another library's array)
-            copy = self.with_foreign_waits(op.device, interop.copy_streams(op), copy)
-        return self._encode_on_lane(fut, lane, waits, cleanup, copy, fusable=fusable, on_complete=op.on_complete,
-                                    nbytes=nbytes, staging=op.staging)
-
-    def _copy_lane(self, op: CopyOp, deps: dict) -> Any:
-        """The copy stream of the copy's direction on its device; but a download whose only
-        pending input is work on one compute stream of the device goes on that stream: stream
-        order then suffices, and no cross-stream wait stalls the downloads queued behind it on
-        the shared copy stream (the DMA engine does the copy either way)."""
-        device, direction = op.device, op.direction
-        if deps and (direction == "d2h" or direction == "d2d"):
-            lane = None             # the one lane of the live inputs, if there is one
-            for f in deps:
-                other = f.lane
-                if other is None or f.retired or other is lane:
-                    continue
-                if lane is not None:
-                    break           # a second lane
-                lane = other
-            else:
-                if lane is not None and lane.device is device and lane.kind == "compute":
-                    return lane
-        if direction == "h2d":
-            return device.h2d
-        if direction == "d2h":
-            return device.d2h
-        return device.d2d if direction == "d2d" else device.peer
+    # The encode of a copy and its lane choice, per copy: compiled (cuda/copies.py).
+    _encode_copy = _copies.encode_copy
+    _copy_lane = _copies.copy_lane
 
     def _take_patches(self, op: CopyOp) -> list | None:
         """The patches ``_host_pointers`` made for ``op`` (under the lock, between the two)."""
