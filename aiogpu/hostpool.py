@@ -118,7 +118,8 @@ class PinnedPool:
     def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int, int]:
         """``empty(nbytes, dtype)``, the host address and the device pointer of its first byte
         (the address: reading it back through ``__array_interface__`` costs microseconds)."""
-        dtype = np.dtype(dtype)
+        if not isinstance(dtype, np.dtype):
+            dtype = np.dtype(dtype)
         token = self._carve(nbytes)
         address, order, device, slab = token
         size = (1 << order) if order >= 0 else slab.size

@@ -288,6 +288,10 @@ class DeviceMemory:
         return self.small.used + len(self.large)
 
 
+# NumPy scalar types (np.float32, ...) that ``to_numpy`` was given, as their validated dtypes.
+_NUMPY_TYPES: dict = {}
+
+
 def host_dtype(dtype: Any, what: str) -> np.dtype:
     """``dtype`` as a NumPy dtype whose bytes may be written by a device: numeric (bool,
     integer, float, complex, and ml_dtypes' ``bfloat16`` where installed) with a non-zero item
@@ -536,10 +540,16 @@ class Buffer:
         if dtype is None:
             dtype, shape = self.dtype, self._shape
         else:
-            dtype = host_dtype(dtype, "to_numpy")
+            # (the dtypes asked for by their NumPy type, validated once: a service asks per request)
+            valid = _NUMPY_TYPES.get(dtype) if type(dtype) is type else None
+            if valid is None:
+                valid = host_dtype(dtype, "to_numpy")
+                if type(dtype) is type and len(_NUMPY_TYPES) < 64:
+                    _NUMPY_TYPES[dtype] = valid
+            dtype = valid
             if self.nbytes % dtype.itemsize:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
-            shape = (self.nbytes // dtype.itemsize,)
+            shape = None
         rt = self.device.runtime
         if rt._current_capture() is not None:
             # Nothing would fill the new array until a replay, and every replay would overwrite
@@ -547,9 +557,10 @@ class Buffer:
             raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
                             "your own, aiogpu.copy(out, buf), and read it after each replay")
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            rt._check_open()
+            if rt.closed:
+                rt._check_open()
             out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
-            if len(shape) != 1:
+            if shape is not None and len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
             fut = rt._download(self, out, address, ptr)

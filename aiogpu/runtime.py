@@ -42,6 +42,8 @@ from .kernels import copy_kernel
 from .memory import Buffer, host_dtype
 
 
+# Dtypes of host arrays that copies were given and ``host_dtype`` accepted (checked once).
+_HOST_DTYPES: set = set()
 # Backend name -> "module:class", imported when chosen.
 REGISTRY: dict[str, str] = {
     "hsa": "aiogpu.hsa.runtime:HsaRuntime",
@@ -356,6 +358,14 @@ class Runtime(RuntimeHooks):
 
     def _check_copy(self, dst: Any, src: Any) -> int:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
+        if type(dst) is Buffer and type(src) is np.ndarray:
+            # The common case, an upload from an array, when every check of the general path
+            # below passes (any failure: that path raises its error, in its order).
+            root = dst if dst._base is None else dst._base
+            if not root.freed and dst.device.runtime is self and not self.closed \
+                    and src.dtype in _HOST_DTYPES and src.flags.c_contiguous and src.nbytes \
+                    and dst.nbytes == src.nbytes:
+                return dst.nbytes
         sizes = []
         for name, side in (("dst", dst), ("src", src)):
             if type(side) is Buffer:        # (Buffers have no subclasses: a type test is enough)
@@ -364,7 +374,10 @@ class Runtime(RuntimeHooks):
                     raise ValueError(f"copy {name}: {side!r} belongs to another runtime")
                 sizes.append(side.nbytes)
             elif isinstance(side, np.ndarray):
-                host_dtype(side.dtype, f"copy {name}")
+                if side.dtype not in _HOST_DTYPES:
+                    host_dtype(side.dtype, f"copy {name}")
+                    if len(_HOST_DTYPES) < 64:
+                        _HOST_DTYPES.add(side.dtype)
                 if not side.flags.c_contiguous:
                     raise ValueError(f"copy {name}: the NumPy array must be C-contiguous")
                 if side.nbytes == 0:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-import cython
-
 from . import submit as _submit
 from ..kernels import copy_kernel
 from ..memory import Buffer
@@ -26,6 +24,13 @@ STAGE_LIMIT = 256 << 10
 # Labels kept, by (source, destination, bytes); a service copies few distinct shapes.
 LABELS = 256
 _labels: dict = {}
+
+
+def _probe() -> None:
+    """(Its type says whether this module runs compiled: no Cython import at run time.)"""
+
+
+COMPILED = type(_probe).__name__ == "cython_function_or_method"
 
 
 class CopySide:
@@ -65,19 +70,20 @@ class CopyOp:
         self.direction = direction
         self.device = device
         self.keep = keep
-        self.cleanup = []
+        self.cleanup: list = []
         self.on_complete = None
         self.staging = None
         self.staged = False
         self.stage = False
-        self._label = None
+        self._label: str | None = None
 
     @property
     def label(self) -> str:
         """``copy SRC->DST N B`` (each side "host", its device's name, or a foreign array's type)."""
-        if self._label is None:
-            self._label = label_of(self.src, self.dst, self.nbytes)
-        return self._label
+        label = self._label
+        if label is None:
+            label = self._label = label_of(self.src, self.dst, self.nbytes)
+        return label
 
     @property
     def reads(self) -> list:
@@ -134,15 +140,15 @@ def unwritten(state: Any) -> bool:
 
 def host_address(arr: Any) -> int:
     """The address of the first byte of a C-contiguous NumPy array (validated as such)."""
-    if cython.compiled:
-        return _buffer_address(arr)          # (the buffer protocol: no dict built)
+    if COMPILED:
+        return _buffer_address(arr)  # type: ignore[name-defined]  # noqa: F821 - the buffer protocol (copies.pxd)
     return arr.__array_interface__["data"][0]
 
 
 def host_memcpy(dst: int, src: int, nbytes: int) -> None:
     """``nbytes`` bytes from host address ``src`` to host address ``dst``."""
-    if cython.compiled:
-        _memcpy(dst, src, nbytes)
+    if COMPILED:
+        _memcpy(dst, src, nbytes)  # type: ignore[name-defined]  # noqa: F821 - libc's memcpy (copies.pxd)
     else:
         ctypes.memmove(dst, src, nbytes)
 
