@@ -323,8 +323,12 @@ class Runtime(RuntimeHooks):
         with self.lock:
             if self.closed:
                 self._check_open()
-            return _copies.submit(self, self._side(dst, "dst", nbytes), self._side(src, "src", nbytes), nbytes,
-                                  after, [dst, src])
+            side = _copies.side
+            d = side(self, dst, nbytes) if type(dst) is Buffer or type(dst) is np.ndarray \
+                else self._side(dst, "dst", nbytes)
+            s = side(self, src, nbytes) if type(src) is Buffer or type(src) is np.ndarray \
+                else self._side(src, "src", nbytes)
+            return _copies.submit(self, d, s, nbytes, after, [dst, src])
 
     def _download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
         """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
@@ -400,14 +404,10 @@ class Runtime(RuntimeHooks):
         return sizes[0]
 
     def _side(self, side: Any, name: str, nbytes: int) -> CopySide:
-        """One side of a validated copy; a host side in the pinned pool has its device pointer
-        (used in place), other host sides None (staged, or the backend's ``_host_pointers``)."""
-        if type(side) is Buffer:
-            return CopySide(side, False, side.device, side, side.address)
-        if isinstance(side, np.ndarray):
-            addr = _copies.host_address(side)
-            return CopySide(side, True, None, self.hazards.host(addr, nbytes),
-                            self.pinned.device_pointer(addr, nbytes))
+        """One side of a validated copy (``copies.side`` for Buffers and NumPy arrays; here
+        another library's array)."""
+        if type(side) is Buffer or isinstance(side, np.ndarray):
+            return _copies.side(self, side, nbytes)
         info = self._foreign(side, f"copy {name}", name == "dst")
         assert info is not None                  # _check_copy accepted it as a foreign array
         ptr, nbytes, device, stream = info

@@ -164,6 +164,17 @@ def route(d: CopySide, s: CopySide) -> tuple:
     return "peer", s.device          # between GPUs: the SOURCE device's engine
 
 
+def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
+    """The side of a validated copy for a Buffer (or view) or a C-contiguous NumPy array
+    (``Runtime._side`` makes the others): a host array in the runtime's pinned pool has its
+    device pointer (used in place), other host arrays None (staged, or the backend's
+    ``_host_pointers``)."""
+    if type(obj) is Buffer:
+        return CopySide(obj, False, obj.device, obj, obj.address)
+    address = host_address(obj)
+    return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
+
+
 def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: Any,
            fresh_dst: bool = False) -> Any:
     """Route and submit a validated copy (under the lock). A small host source that nothing
