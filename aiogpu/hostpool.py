@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import functools
 import mmap
 from typing import Any, Callable
 
@@ -107,8 +108,7 @@ class PinnedPool:
     def block(self, nbytes: int) -> tuple[int, int, Callable[[], None]]:
         """(host address, device pointer, release) of a pinned block of at least ``nbytes``."""
         token = self._carve(nbytes)
-        returns = self._returns
-        return token[0], token[2], lambda: returns.append(token)
+        return token[0], token[2], functools.partial(self._returns.append, token)
 
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
