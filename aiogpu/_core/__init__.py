@@ -109,10 +109,42 @@ def _name_of(fullname: str) -> str | None:
     return name if prefix == __name__ else fullname
 
 
+def _own_reason(name: str) -> str | None:
+    """Why the compiled module ``name`` cannot be loaded (None: it is built from its sources)."""
+    if _extension_path(name) is None:
+        return "not built"
+    recorded = _DIGESTS.get(name)
+    if recorded is not None and recorded == source_digest(name):
+        return None
+    return (f"stale build ({name}.py or {name}.pxd changed since it was compiled; rebuild: "
+            "make, or python setup.py build_ext --inplace)")
+
+
+_FIRST_UNLOADABLE: list = []       # once computed: [(name, why)] or [None]
+ALL_OR_NONE = "compiled modules load all or none"   # (the reason of those a stale one holds back)
+
+
+def _first_unloadable() -> tuple[str, str] | None:
+    """The first compiled module that cannot be loaded, and why; None when all can. Compiled
+    modules read each other's objects as C structs (a .pxd's ``cimport``): a compiled module
+    beside the interpreted .py of another would read a Python object's memory as the compiled
+    layout. So they load all or none."""
+    if not _FIRST_UNLOADABLE:
+        found = None
+        for name in module_names():
+            if os.path.exists(source_base(name) + ".pxd"):
+                why = _own_reason(name)
+                if why is not None:
+                    found = (name, why)
+                    break
+        _FIRST_UNLOADABLE.append(found)
+    return _FIRST_UNLOADABLE[0]
+
+
 class _SourceFirst:
     """A meta-path finder for aiogpu's modules that have a ``.pxd``: the ``.py`` where pure mode
-    is asked for or the compiled module is stale; otherwise it declines and the import system
-    finds the extension."""
+    is asked for, or where any compiled module is not built or stale (they load all or none:
+    ``_first_unloadable``); otherwise it declines and the import system finds the extension."""
 
     @staticmethod
     def find_spec(fullname: str, path: Sequence[str] | None = None, target: object = None):
@@ -125,14 +157,11 @@ class _SourceFirst:
             return None
         if PURE:
             why = f"{PURE_ENV}=1"
-        elif _extension_path(name) is None:
-            why = "not built"
         else:
-            recorded = _DIGESTS.get(name)
-            if recorded is not None and recorded == source_digest(name):
+            blocker = _first_unloadable()
+            if blocker is None:
                 return None                      # the extension, found by the import system
-            why = (f"stale build ({name}.py or {name}.pxd changed since it was compiled; rebuild: "
-                   "make, or python setup.py build_ext --inplace)")
+            why = _own_reason(name) or f"{ALL_OR_NONE}: {blocker[0]} is interpreted"
         _WHY_INTERPRETED[name] = why
         return importlib.util.spec_from_file_location(fullname, source)
 
@@ -194,6 +223,10 @@ def summary() -> str:
         return "core: interpreted (no module has a .pxd)"
     if not others:
         return f"core: compiled ({cython}: {', '.join(compiled)})"
+    own = [m for m in others if not m.reason.startswith(ALL_OR_NONE)]
+    if own and len(own) < len(others):       # one stale or missing module holds the rest back
+        return ("core: interpreted (" + "; ".join(f"{m.name}: {m.reason}" for m in own)
+                + f"; the others with it: {ALL_OR_NONE})")
     reasons = sorted({m.reason for m in others})
     if not compiled:
         if len(reasons) == 1:

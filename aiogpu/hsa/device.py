@@ -5,6 +5,7 @@ import ctypes
 import functools
 from typing import TYPE_CHECKING, Any, Sequence
 
+from .._core.hazards import broken_error
 from ..device import Device
 from ..futures import GPUFuture
 from ..hsa_bindings import packets as P
@@ -67,6 +68,12 @@ class HsaDevice(Device):
 
     # -- hooks: kernels ------------------------------------------------------------------------
     def _load(self, kernel: Kernel) -> LoadedKernel:
+        """Load ``kernel`` (under the runtime lock). A memory fault reported on this device but
+        not handled yet loses it first: ``hsa_executable_freeze`` copies the code through
+        queues KFD has evicted, and would never return. Raises DeviceLost on a lost device."""
+        self.runtime.handle_reported_faults()
+        if self.broken is not None:
+            raise broken_error(f"loading {kernel.name} on {self.name}", self.broken)
         return load_kernel(self._api, self.agent, kernel, self.isa)
 
     def _needs_compile(self, kernel: Kernel) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from collections import deque
 import threading
 import weakref
 from typing import Any, ClassVar, Sequence
@@ -103,6 +104,7 @@ class HsaRuntime(Runtime):
         self._kernarg_blocks: list[int] = []
         self.host = HostLocks(self.api, self._all_agents)
         self.memory_faults: list[dict] = []
+        self._faults_arrived: deque[tuple[int, int, int]] = deque()   # reported, not yet handled
         SYSTEM_EVENTS.attach(self)
         self.devices = [HsaDevice(self, i, agent, pool, queues=queues, ring=ring)
                         for i, (agent, pool) in enumerate(self._gpus)]
@@ -279,9 +281,23 @@ class HsaRuntime(Runtime):
         # Runs on a driver thread: copy the facts out and hand over to the waiter thread.
         ev = event_ptr.contents
         if ev.event_type == T.HSA_AMD_GPU_MEMORY_FAULT_EVENT:
-            info = (ev.memory_fault.agent.handle, ev.memory_fault.virtual_address, ev.memory_fault.fault_reason_mask)
-            self.hub.post_event(lambda: self._on_memory_fault(*info))
+            self._faults_arrived.append(
+                (ev.memory_fault.agent.handle, ev.memory_fault.virtual_address, ev.memory_fault.fault_reason_mask))
+            self.hub.post_event(self.handle_reported_faults)
         return T.HSA_STATUS_SUCCESS
+
+    def handle_reported_faults(self) -> None:
+        """Handle the memory faults ROCr has reported and nobody has handled yet (each once):
+        the waiter thread does, and so does anything that is about to ask ROCr for what a lost
+        device never finishes (loading code: ``HsaDevice._load``), so that it finds the device
+        lost instead of waiting forever. (A fault that has struck but whose report ROCr has not
+        delivered yet cannot be known here.)"""
+        # Taken off under the lock: a report the waiter has taken is handled before any loader
+        # that holds the lock can look (the waiter waits for the lock first).
+        with self.lock:
+            arrived = self._faults_arrived
+            while arrived:
+                self._on_memory_fault(*arrived.popleft())
 
     def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
         """A GPU memory fault on ``agent`` (waiter thread): the device is lost.

@@ -98,17 +98,30 @@ def _copy_package(dest: Path) -> Path:
 
 
 @pytest.mark.skipif(not BUILT, reason="the core's extension modules are not built in this tree")
-def test_a_compiled_module_older_than_its_sources_is_not_loaded(tmp_path):
-    """An edit to X.py or X.pxd without a rebuild: X.py runs (never the stale extension)."""
+@pytest.mark.parametrize("which", ["first", "last"])
+def test_a_compiled_module_older_than_its_sources_is_not_loaded_nor_any_other(tmp_path, which):
+    """An edit to X.py or X.pxd without a rebuild: X.py runs (never the stale extension), and so
+    do the other compiled modules' .py files: a compiled module reads another's objects as its
+    compiled layout (a stale futures.py beside a compiled submit made submit read a Python
+    object's memory as a compiled future's fields). The runtime then works."""
     copied = _copy_package(tmp_path)
-    name = TYPED[-1]                          # (a module outside the core, once there is one)
+    name = TYPED[0] if which == "first" else TYPED[-1]
     with open(f"{copied / SOURCE[name]}.pxd", "a") as f:
         f.write("\n# edited\n")
-    mods, line = _report(tmp_path, cwd=tmp_path)
-    got = {m[0]: m for m in mods}
+    code = REPORT + ("import aiogpu\nrt = aiogpu.Runtime('emulator')\nb = rt.devices[0].alloc(64)\n"
+                     "assert b.fill(7).wait(30)\nprint(int(b.to_numpy('u4').result()[3]))\nrt.close()\n")
+    out = _child(code, tmp_path, cwd=tmp_path).stdout.splitlines()
+    got = {m[0]: m for m in json.loads(out[0])}
+    line = out[1]
     assert got[name][3] == f"{copied / SOURCE[name]}.py"
     assert not got[name][1] and got[name][2].startswith(f"stale build ({name}.py or {name}.pxd changed")
-    assert "stale build" in line
+    for other in TYPED:
+        if other != name:
+            assert got[other][1:] == [False, f"{core.ALL_OR_NONE}: {name} is interpreted",
+                                      f"{copied / SOURCE[other]}.py"], got[other]
+    assert line.startswith(f"core: interpreted ({name}: stale build (") and line.endswith(
+        f"; the others with it: {core.ALL_OR_NONE})"), line
+    assert out[2] == "7"
 
 
 def test_without_a_build_the_core_runs_interpreted_and_says_so(tmp_path):
