@@ -9,7 +9,9 @@ runs on the event loop. The pool pins memory once and reuses it:
   memory is the pool's and not the driver's, an array handed to the user stays valid host memory
   after the runtime closed (it is merely no longer pinned).
 - **Blocks** up to ``SMALL_LIMIT`` come from a buddy allocator over 2 MiB slabs; larger ones get
-  slabs of their own, rounded to 2 MiB and cached by size for reuse.
+  slabs of their own, rounded to 2 MiB and cached by size for reuse. Small blocks given back
+  wait by size (``READY_PER_SIZE`` of each) and are handed out again as they were: a service's
+  staging blocks and results take no allocator or slab lookup per request.
 - ``empty(nbytes, dtype)`` gives a NumPy array in a block; the block returns to the pool when the
   array (and every view of it) is gone. ``block(nbytes)`` gives a staging block and its release.
 - ``device_pointer(address, nbytes)`` says whether memory lies in the pool (copies then use it in

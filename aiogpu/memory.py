@@ -536,7 +536,9 @@ class Buffer:
         pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
         closed. TypeError for a non-numeric dtype or inside a graph capture, ValueError when the
         buffer is not a whole number of elements or was freed."""
-        self._check_usable()
+        rt = self.device.runtime
+        if (self if self._base is None else self._base).freed or rt.closed:
+            self._check_usable()              # (raises what it raises for either)
         if dtype is None:
             dtype, shape = self.dtype, self._shape
         else:
@@ -550,7 +552,6 @@ class Buffer:
             if self.nbytes % dtype.itemsize:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = None
-        rt = self.device.runtime
         if rt._current_capture() is not None:
             # Nothing would fill the new array until a replay, and every replay would overwrite
             # it: a graph copies into host memory the caller owns.

@@ -7,9 +7,10 @@ emulator) and returns an instance of that backend's registered subclass: ``HsaRu
 chosen; importing aiogpu loads no driver and starts no process.
 
 The base owns: option validation (unknown options raise TypeError on every backend), the one
-lock, the fronts of ``copy`` (its validation, the direction rule: host-to-device on the
-destination's engine, device-to-host and peer copies on the SOURCE device's, and the shader-copy
-fallback decision), ``fill`` and ``gather``, stats and the leak check, and ``close``. Submission
+lock, the fronts of ``copy`` (its validation and the shader-copy fallback decision; the copy
+record, the direction rule (host-to-device on the destination's engine, device-to-host and peer
+copies on the SOURCE device's) and the staging of small host sources are the core's,
+``aiogpu._core.copies``), ``fill`` and ``gather``, stats and the leak check, and ``close``. Submission
 itself (hazards, ``after=``, failed inputs, deferral, bookkeeping) is the core's
 (``aiogpu._core.submit``); a backend implements the hooks of ``aiogpu.backend.RuntimeHooks``.
 """
