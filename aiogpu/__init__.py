@@ -56,6 +56,8 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture[Any]] = ()) -> GPUFutu
     runs as a shader copy on a compute queue. A host array must not be touched until the future
     completes (the future keeps it alive).
     """
+    if type(dst) is Buffer:
+        return dst.device.runtime.copy(dst, src, after)
     return _runtime_of(dst, src).copy(dst, src, after)
 
 

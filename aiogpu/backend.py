@@ -159,8 +159,13 @@ class RuntimeHooks:
 
     def _host_pointers(self, op: Any) -> None:
         """Device-visible pointers for the host sides of copy ``op`` whose ``ptr`` is None
-        (lock or pin them; what must be undone goes to ``op.cleanup``)."""
+        (lock or pin them; what must be undone goes to ``op.cleanup``). Called only when one
+        is: a host side in the pinned pool, or one staged, already has its pointer."""
         raise NotImplementedError
+
+    # Whether ``_copy_lane`` gives every copy a lane (a copy stream always takes one): the
+    # core then never asks ``_engine_may_take`` while copy engines are on.
+    engines_take_every_copy = False
 
     def _engine_may_take(self, op: Any) -> bool:
         """Whether ``_copy_lane`` is expected to give ``op`` an engine now: a cheap

@@ -9,7 +9,9 @@ runs on the event loop. The pool pins memory once and reuses it:
   memory is the pool's and not the driver's, an array handed to the user stays valid host memory
   after the runtime closed (it is merely no longer pinned).
 - **Blocks** up to ``SMALL_LIMIT`` come from a buddy allocator over 2 MiB slabs; larger ones get
-  slabs of their own, rounded to 2 MiB and cached by size for reuse.
+  slabs of their own, rounded to 2 MiB and cached by size for reuse. Small blocks given back
+  wait by size (``READY_PER_SIZE`` of each) and are handed out again as they were: a service's
+  staging blocks and results take no allocator or slab lookup per request.
 - ``empty(nbytes, dtype)`` gives a NumPy array in a block; the block returns to the pool when the
   array (and every view of it) is gone. ``block(nbytes)`` gives a staging block and its release.
 - ``device_pointer(address, nbytes)`` says whether memory lies in the pool (copies then use it in
@@ -24,17 +26,21 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
+import functools
 import mmap
 from typing import Any, Callable
 
 import numpy as np
 
-from .memory import BLOCK, SMALL_LIMIT, BuddyAllocator, round_up
+from .memory import BLOCK, MIN_ORDER, MIN_PIECE, SMALL_LIMIT, BuddyAllocator, round_up
 
 # Idle large slabs kept for reuse beyond which the oldest are unpinned and unmapped.
 LARGE_CACHE_BYTES = 1 << 30
 # Block sizes whose owner class (see ``_owner_class``) is kept; others get a class per call.
 OWNER_CLASSES = 64
+# Small blocks given back and kept, per size, ready to hand out again as they were (no buddy
+# allocator or slab lookup): a service takes and gives back the same sizes per request.
+READY_PER_SIZE = 64
 
 
 def _owner_class(size: int, cache: dict = {}) -> Any:
@@ -87,7 +93,11 @@ class PinnedPool:
         self._small = BuddyAllocator(self._small_slab, self._idle_small.append)
         self._large_free: dict[int, list[int]] = collections.defaultdict(list)
         self._large_idle: collections.OrderedDict[int, int] = collections.OrderedDict()
-        self._returns: collections.deque = collections.deque()   # (address, large?) from any thread
+        # Tokens of blocks handed out and given back, from any thread: (address, order, device
+        # pointer, slab), order -1 for a large block.
+        self._returns: collections.deque = collections.deque()
+        # Small blocks given back, by order: their tokens, ready to hand out again.
+        self._ready: list[list[tuple]] = [[] for _ in range(SMALL_LIMIT.bit_length())]
         self._handed_out = 0
         self.closed = False
 
@@ -99,9 +109,8 @@ class PinnedPool:
     # -- allocation ------------------------------------------------------------------------------
     def block(self, nbytes: int) -> tuple[int, int, Callable[[], None]]:
         """(host address, device pointer, release) of a pinned block of at least ``nbytes``."""
-        address, large, _, slab = self._carve(nbytes)
-        returns = self._returns
-        return address, slab.device + (address - slab.base), lambda: returns.append((address, large))
+        token = self._carve(nbytes)
+        return token[0], token[2], functools.partial(self._returns.append, token)
 
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
@@ -111,26 +120,32 @@ class PinnedPool:
     def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int, int]:
         """``empty(nbytes, dtype)``, the host address and the device pointer of its first byte
         (the address: reading it back through ``__array_interface__`` costs microseconds)."""
-        dtype = np.dtype(dtype)
-        address, large, size, slab = self._carve(nbytes)
+        if not isinstance(dtype, np.dtype):
+            dtype = np.dtype(dtype)
+        token = self._carve(nbytes)
+        address, order, device, slab = token
+        size = (1 << order) if order >= 0 else slab.size
         owner = _owner_class(size).from_buffer(slab.map, address - slab.start)
-        owner.returns, owner.token = self._returns, (address, large)
-        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), address, slab.device + (address - slab.base)
+        owner.returns, owner.token = self._returns, token
+        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), address, device
 
-    def _carve(self, nbytes: int) -> tuple[int, bool, int, _Slab]:
-        """(address, large?, size, slab) of a block of at least ``nbytes``, counted handed out."""
+    def _carve(self, nbytes: int) -> tuple:
+        """The token (address, order (-1: large), device pointer, slab) of a block of at least
+        ``nbytes``, counted handed out."""
         if self._returns:
             self._take_returns()
-        if nbytes <= SMALL_LIMIT:
-            size = 1 << self._small.order_for(nbytes)
-            address, large = self._small.alloc(nbytes), False
-        else:
-            size = round_up(nbytes, BLOCK)
-            address, large = self._large(size), True
         self._handed_out += 1
+        if nbytes <= SMALL_LIMIT:
+            order = MIN_ORDER if nbytes <= MIN_PIECE else (nbytes - 1).bit_length()
+            ready = self._ready[order]
+            if ready:
+                return ready.pop()
+            address = self._small.alloc(nbytes)
+        else:
+            order, address = -1, self._large(round_up(nbytes, BLOCK))
         slab = self._slab_of(address)
         assert slab is not None                  # the block was just carved from a slab
-        return address, large, size, slab
+        return address, order, slab.device + (address - slab.base), slab
 
     def device_pointer(self, address: int, nbytes: int = 1) -> int | None:
         """The device pointer of ``address`` if ``[address, address + nbytes)`` lies in one of
@@ -168,13 +183,19 @@ class PinnedPool:
     def _take_returns(self) -> None:
         returns = self._returns
         while returns:
-            address, large = returns.popleft()
+            token = returns.popleft()
             self._handed_out -= 1
             if self.closed:
                 continue
-            if not large:
-                self._small.free(address)
+            order = token[1]
+            if order >= 0:
+                ready = self._ready[order]
+                if len(ready) < READY_PER_SIZE:
+                    ready.append(token)
+                else:
+                    self._small.free(token[0])
                 continue
+            address = token[0]
             size = self._slabs[address].size
             self._large_free[size].append(address)
             self._large_idle[address] = size
@@ -201,5 +222,7 @@ class PinnedPool:
         """Unpin every slab (the runtime is closing). Arrays handed out stay valid memory."""
         self._take_returns()
         self.closed = True
+        for ready in self._ready:
+            ready.clear()
         for base in list(self._slabs):
             self._drop(base)

@@ -292,6 +292,8 @@ class DeviceMemory:
 # Requests host_dtype accepted (scalar types, names, dtypes) -> the dtype it returned: a copy
 # from an array or a to_numpy names the same few dtypes again and again.
 _HOST_DTYPES: dict = {}
+# NumPy scalar types (np.float32, ...) that ``to_numpy`` was given, as their validated dtypes.
+_NUMPY_TYPES: dict = {}
 
 
 def host_dtype(dtype: Any, what: str) -> np.dtype:
@@ -557,24 +559,32 @@ class Buffer(BufferState):
         pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
         closed. TypeError for a non-numeric dtype or inside a graph capture, ValueError when the
         buffer is not a whole number of elements or was freed."""
-        self._check_usable()
+        rt = self.device.runtime
+        if (self if self._base is None else self._base).freed or rt.closed:
+            self._check_usable()              # (raises what it raises for either)
         if dtype is None:
             dtype, shape = self.dtype, self._shape
         else:
-            dtype = host_dtype(dtype, "to_numpy")
+            # (the dtypes asked for by their NumPy type, validated once: a service asks per request)
+            valid = _NUMPY_TYPES.get(dtype) if type(dtype) is type else None
+            if valid is None:
+                valid = host_dtype(dtype, "to_numpy")
+                if type(dtype) is type and len(_NUMPY_TYPES) < 64:
+                    _NUMPY_TYPES[dtype] = valid
+            dtype = valid
             if self.nbytes % dtype.itemsize:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
-            shape = (self.nbytes // dtype.itemsize,)
-        rt = self.device.runtime
+            shape = None
         if rt._current_capture() is not None:
             # Nothing would fill the new array until a replay, and every replay would overwrite
             # it: a graph copies into host memory the caller owns.
             raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
                             "your own, aiogpu.copy(out, buf), and read it after each replay")
         with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            rt._check_open()
+            if rt.closed:
+                rt._check_open()
             out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
-            if len(shape) != 1:
+            if shape is not None and len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
             fut = rt._download(self, out, address, ptr)

@@ -7,16 +7,15 @@ emulator) and returns an instance of that backend's registered subclass: ``HsaRu
 chosen; importing aiogpu loads no driver and starts no process.
 
 The base owns: option validation (unknown options raise TypeError on every backend), the one
-lock, the fronts of ``copy`` (its validation, the direction rule: host-to-device on the
-destination's engine, device-to-host and peer copies on the SOURCE device's, and the shader-copy
-fallback decision), ``fill`` and ``gather``, stats and the leak check, and ``close``. Submission
+lock, the fronts of ``copy`` (its validation and the shader-copy fallback decision; the copy
+record, the direction rule (host-to-device on the destination's engine, device-to-host and peer
+copies on the SOURCE device's) and the staging of small host sources are the core's,
+``aiogpu._core.copies``), ``fill`` and ``gather``, stats and the leak check, and ``close``. Submission
 itself (hazards, ``after=``, failed inputs, deferral, bookkeeping) is the core's
 (``aiogpu._core.submit``); a backend implements the hooks of ``aiogpu.backend.RuntimeHooks``.
 """
 from __future__ import annotations
 
-import ctypes
-import functools
 import gc
 import importlib
 import os
@@ -24,16 +23,17 @@ import threading
 import time
 import traceback
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, NamedTuple
 
 import numpy as np
 
 from . import _loops
 from . import capture as _capture
+from ._core import copies as _copies
 from ._core import hazards
 from ._core import deferred
 from ._core import submit as _submit
+from ._core.copies import STAGE_LIMIT, CopyOp, CopySide  # noqa: F401 - the copy record, for backends
 from .backend import RuntimeHooks
 from .device import Device
 from .errors import BackendUnavailable, BlockingCallError, GPUError, InvalidStateError, NotOnCudaError, RuntimeClosedError
@@ -42,10 +42,9 @@ from .hostpool import PinnedPool
 from .kernels import copy_kernel
 from .memory import Buffer, host_dtype
 
-# Host sources up to this size are copied into pinned memory at submission (a memcpy on the
-# loop costs less than pinning the caller's array, and the array is free again at once).
-STAGE_LIMIT = 256 << 10
 
+# Dtypes of host arrays that copies were given and ``host_dtype`` accepted (checked once).
+_HOST_DTYPES: set = set()
 # Backend name -> "module:class", imported when chosen.
 REGISTRY: dict[str, str] = {
     "hsa": "aiogpu.hsa.runtime:HsaRuntime",
@@ -164,42 +163,6 @@ def cuda_available() -> tuple[bool, str]:
         return backend_class("cuda").probe()
     except BackendUnavailable as exc:
         return False, exc.reason
-
-
-@dataclass(slots=True)
-class CopySide:
-    """One side of a copy: a device buffer, a host array, or a foreign device array."""
-
-    obj: Any
-    host: bool                 # host memory (a NumPy array)
-    device: Any                # the Device whose memory it is (None for host memory)
-    state: Any                 # its ordering state (a Buffer or view, or a HostRange)
-    ptr: int | None            # device-visible address (host sides: set by _host_pointers)
-    stream: Any = None         # a foreign array's stream to order after, if any
-
-
-@dataclass(slots=True)
-class CopyOp:
-    """A copy being submitted: its sides, route, and what runs when it retires."""
-
-    dst: CopySide
-    src: CopySide
-    nbytes: int
-    direction: str             # "h2d", "d2h", "d2d" or "peer"
-    device: Device             # the device whose engine (or compute lane) runs it
-    label: str
-    keep: list = field(default_factory=list)
-    cleanup: list = field(default_factory=list)       # run when the copy has retired
-    on_complete: list | None = None                   # host steps before it completes
-    staging: Any = None                               # a bounce buffer the backend used
-    staged: bool = False                              # the host source was copied at submission
-    stage: bool = False                               # it is to be (decided at the call)
-
-    @property
-    def reads(self) -> list:
-        """The ordering states the copy reads: none once its host source was staged (the
-        caller's array is not read after submission, so later writers of it need not wait)."""
-        return [] if self.staged else [self.src.state]
 
 
 class Runtime(RuntimeHooks):
@@ -352,46 +315,30 @@ class Runtime(RuntimeHooks):
         """See ``aiogpu.copy``."""
         nbytes = self._check_copy(dst, src)
         after = self._check_after(after) if after else []
-        capture = self._current_capture()
-        if capture is not None:
-            if not all(isinstance(s, (Buffer, np.ndarray)) for s in (dst, src)):
-                raise TypeError("a graph captures copies of Buffers and NumPy arrays only")
-            return capture.record_copy(dst, src, after)
+        if _capture._active.get() is not None:          # (_current_capture, inlined: per copy)
+            capture = _capture.current(self)
+            if capture is not None:
+                if not all(isinstance(s, (Buffer, np.ndarray)) for s in (dst, src)):
+                    raise TypeError("a graph captures copies of Buffers and NumPy arrays only")
+                return capture.record_copy(dst, src, after)
         with self.lock:
-            self._check_open()
-            d, s = self._side(dst, "dst", nbytes), self._side(src, "src", nbytes)
-            direction, device = _route(d, s)
-            label = f"copy {_where(s)}->{_where(d)} {nbytes} B"
-            return self._copy_op(CopyOp(d, s, nbytes, direction, device, label, keep=[dst, src]), after)
+            if self.closed:
+                self._check_open()
+            side = _copies.side
+            d = side(self, dst, nbytes) if type(dst) is Buffer or type(dst) is np.ndarray \
+                else self._side(dst, "dst", nbytes)
+            s = side(self, src, nbytes) if type(src) is Buffer or type(src) is np.ndarray \
+                else self._side(src, "src", nbytes)
+            return _copies.submit(self, d, s, nbytes, after, [dst, src])
 
     def _download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
         """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
         ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
         open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
         construction."""
-        n, device = buf.nbytes, buf.device
-        d = CopySide(out, True, None, self.hazards.host(address, n), ptr)
-        s = CopySide(buf, False, device, buf, buf.address)
-        op = CopyOp(d, s, n, "d2h", device, f"copy {device.name}->host {n} B", keep=[out])
-        return self._copy_op(op, [], fresh_dst=True)
-
-    def _copy_op(self, op: CopyOp, after: list, *, fresh_dst: bool = False) -> GPUFuture:
-        """Submit a validated copy (under the lock). A small host source that nothing pending
-        writes and that is not in the pinned pool is staged (copied into a pinned block) when
-        it is submitted: the copy then does not read the caller's array, so it is no reader of
-        it and waits for no writer of it. ``fresh_dst``: the destination is memory just taken
-        from the pinned pool, which no unretired work touches (nothing to wait for there; the
-        copy is still recorded as its writer)."""
-        s = op.src
-        reads, writes = [s.state], [op.dst.state]
-        rw = None
-        if s.host and s.ptr is None and op.nbytes <= STAGE_LIMIT and _unwritten(s.state):
-            op.stage, rw, reads = True, (reads, writes), []
-        if fresh_dst:
-            rw, writes = (reads, writes), []
-        return _submit.guarded(self, op.device, op.label, reads, writes, after,
-                               functools.partial(_submit.copy, self, op), deferred_rw=rw,
-                               compile=self._copy_kernel_compile(op))
+        n = buf.nbytes
+        return _copies.submit(self, CopySide(out, True, None, self.hazards.host(address, n), ptr),
+                              CopySide(buf, False, buf.device, buf, buf.address), n, [], [out], True)
 
     def _copy_kernel_compile(self, op: CopyOp) -> Any:
         """The compile of the built-in copy kernel when ``op`` would run as a shader copy now
@@ -414,23 +361,16 @@ class Runtime(RuntimeHooks):
             compiling = dev._start_compile(copy_kernel)
         return compiling if compiling is not None and (not compiling.done() or compiling._exc is not None) else None
 
-    def _stage(self, op: CopyOp) -> None:
-        """Copy the small host source into a pinned block now (``_copy_op`` chose to). A
-        deferred copy stages only if still nothing pending writes the source (else the
-        backend's ``_host_pointers`` handles it, as any host side whose ``ptr`` is None)."""
-        src = op.src
-        if self._replaying and not _unwritten(src.state):
-            op.stage = False
-            return
-        address, src.ptr, release = self.pinned.block(op.nbytes)
-        # (A host side's state is its byte range by address: ``__array_interface__`` again would
-        # cost more than the memmove.)
-        ctypes.memmove(address, src.state.start, op.nbytes)
-        op.cleanup.append(release)
-        op.staged = True
-
     def _check_copy(self, dst: Any, src: Any) -> int:
         """Validate a copy's two sides before anything is submitted; returns the byte count."""
+        if type(dst) is Buffer and type(src) is np.ndarray:
+            # The common case, an upload from an array, when every check of the general path
+            # below passes (any failure: that path raises its error, in its order).
+            root = dst if dst._base is None else dst._base
+            if not root.freed and dst.device.runtime is self and not self.closed \
+                    and src.dtype in _HOST_DTYPES and src.flags.c_contiguous and src.nbytes \
+                    and dst.nbytes == src.nbytes:
+                return dst.nbytes
         sizes = []
         for name, side in (("dst", dst), ("src", src)):
             if type(side) is Buffer:        # (Buffers have no subclasses: a type test is enough)
@@ -439,7 +379,10 @@ class Runtime(RuntimeHooks):
                     raise ValueError(f"copy {name}: {side!r} belongs to another runtime")
                 sizes.append(side.nbytes)
             elif isinstance(side, np.ndarray):
-                host_dtype(side.dtype, f"copy {name}")
+                if side.dtype not in _HOST_DTYPES:
+                    host_dtype(side.dtype, f"copy {name}")
+                    if len(_HOST_DTYPES) < 64:
+                        _HOST_DTYPES.add(side.dtype)
                 if not side.flags.c_contiguous:
                     raise ValueError(f"copy {name}: the NumPy array must be C-contiguous")
                 if side.nbytes == 0:
@@ -462,14 +405,10 @@ class Runtime(RuntimeHooks):
         return sizes[0]
 
     def _side(self, side: Any, name: str, nbytes: int) -> CopySide:
-        """One side of a validated copy; a host side in the pinned pool has its device pointer
-        (used in place), other host sides None (staged, or the backend's ``_host_pointers``)."""
-        if type(side) is Buffer:
-            return CopySide(side, False, side.device, side, side.address)
-        if isinstance(side, np.ndarray):
-            addr = side.__array_interface__["data"][0]
-            return CopySide(side, True, None, self.hazards.host(addr, nbytes),
-                            self.pinned.device_pointer(addr, nbytes))
+        """One side of a validated copy (``copies.side`` for Buffers and NumPy arrays; here
+        another library's array)."""
+        if type(side) is Buffer or isinstance(side, np.ndarray):
+            return _copies.side(self, side, nbytes)
         info = self._foreign(side, f"copy {name}", name == "dst")
         assert info is not None                  # _check_copy accepted it as a foreign array
         ptr, nbytes, device, stream = info
@@ -743,29 +682,6 @@ def _check_seconds(name: str, value: Any, wanted: str, ok: Callable[[float], boo
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     if not ok(float(value)):          # (NaN fails every comparison)
         raise ValueError(f"{name} must be {wanted}, got {value!r}")
-
-
-def _unwritten(state: Any) -> bool:
-    """Whether no unretired work writes the memory of ``state`` (a HostRange)."""
-    writer = state.last_write
-    return writer is None or writer.retired
-
-
-def _route(d: CopySide, s: CopySide) -> tuple[str, Device]:
-    """The copy-direction rule: (direction, the device whose engine runs the copy)."""
-    if s.host:
-        return "h2d", d.device
-    if d.host:
-        return "d2h", s.device
-    if d.device is s.device:
-        return "d2d", s.device
-    return "peer", s.device          # between GPUs: the SOURCE device's engine
-
-
-def _where(side: CopySide) -> str:
-    if side.host:
-        return "host"
-    return side.device.name if isinstance(side.obj, Buffer) else type(side.obj).__name__
 
 
 def _fill_word(value: Any) -> int:

@@ -235,20 +235,23 @@ def _encode_fill(device: Any, buf: Any, word: int, fut: GPUFuture, lane: Any, wa
 
 
 def copy(rt: Any, op: Any, deps: dict) -> GPUFuture:
-    """Copy ``op`` (validated, its route decided): host pointers, then an engine when one can
-    take it, else a shader copy (the built-in copy kernel on a compute lane). What the host
-    sides locked, or the pinned blocks staged, is released here if submitting raises."""
+    """Copy ``op`` (a ``copies.CopyOp``, validated, its route decided): its small host source
+    staged, or host pointers from the backend where a host side has none yet, then an engine
+    when one can take it, else a shader copy (the built-in copy kernel on a compute lane). What
+    the host sides locked, or the pinned blocks staged, is released here if submitting raises."""
     try:
         if op.stage:
-            rt._stage(op)
-        rt._host_pointers(op)
+            op.stage_source()
+        src, dst = op.src, op.dst
+        if (src.host and src.ptr is None) or (dst.host and dst.ptr is None):
+            rt._host_pointers(op)
         fut = None
         if rt.copy_engines or not rt._shader_can_copy(op):
             fut = _engine_copy(rt, op, deps)
         if fut is None:
             dev, n = op.device, op.nbytes
             fut = launch(rt, dev, dev._loaded_kernel(copy_kernel), op.label + " (shader)", dev._copy_grid(n),
-                         (256,), [op.dst.ptr, op.src.ptr, n], [n, n], deps, op.reads, [op.dst.state],
+                         (256,), [dst.ptr, src.ptr, n], [n, n], deps, op.reads, op.writes(),
                          op.keep, op.cleanup, op)
             rt.shader_copies += 1
     except BaseException:
@@ -267,21 +270,20 @@ def _engine_copy(rt: Any, op: Any, deps: dict) -> GPUFuture | None:
     hub = rt.hub
     fut = hub.new_future(op.label)
     fut.device, fut.kind, fut.nbytes = op.device, "copy", op.nbytes
-    waits = [d for d in deps if not d.retired]
+    waits = [d for d in deps if not d.retired] if deps else []
     todo = op.cleanup
     try:
         keys = rt._encode_copy(fut, op, lane, waits, todo)
     except GPUError as exc:
         op.cleanup = []                      # (run by _refused: not again by ``copy``)
-        return _refused(rt, fut, exc, todo, [op.dst.state])
+        return _refused(rt, fut, exc, todo, op.writes())
     except BaseException:
         hub.discard(fut)
         raise
     if keys is None:                         # refused after all: a shader copies it
         hub.discard(fut)
         return None
-    writes = [op.dst.state]
-    _submitted(rt, fut, deps, waits, keys, op.reads, writes, op.keep, todo)
+    _submitted(rt, fut, deps, waits, keys, op.reads, op.writes(), op.keep, todo)
     return fut
 
 

@@ -25,9 +25,11 @@ import numpy as np
 
 from .._core import submit as _submit
 from ..errors import BackendUnavailable
-from ..runtime import FIXES, CopyOp, Runtime
+from .._core.copies import CopyOp
+from ..runtime import FIXES, Runtime
 from . import driver as D
 from . import nvrtc
+from . import copies as _copies
 from . import foreign, hostmem, interop, probe
 from .device import CudaDevice
 from .driver import cu
@@ -51,6 +53,7 @@ class CudaRuntime(Runtime):
     """
 
     backend = "cuda"
+    engines_take_every_copy = True       # (``_copy_lane``: a copy stream always takes it)
     OPTIONS: ClassVar[frozenset[str]] = Runtime.OPTIONS | {"completion_words", "event_waits"}
     _foreign_kinds = " or a CUDA array (__cuda_array_interface__)"
 
@@ -231,53 +234,9 @@ class CudaRuntime(Runtime):
             op.dst.ptr, op.on_complete, op.staging = self._host_destination(
                 op.dst.obj, op.dst.state, op.nbytes, op.cleanup)
 
-    def _encode_copy(self, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cleanup: list) -> tuple:
-        """The copy on ``lane`` (a copy stream of the engine device, or the compute stream of its
-        only input: ``_copy_lane``)."""
-        device, dptr, sptr, nbytes = op.device, op.dst.ptr, op.src.ptr, op.nbytes
-        patched = self._patches        # (_take_patches inlined: this runs per copy)
-        fusable = False
-        memcpy = D.HOT.memcpy
-
-        def copy(stream: int, word: int, ticket: int) -> int:    # (fusable: passes the word on)
-            return memcpy(dptr, sptr, nbytes, stream, word, ticket)
-
-        if patched is not None and patched[0] is op:
-            self._patches = None
-            copy = self._with_patches(op, copy, patched[1])
-        elif self._shader_can_copy(op):
-            fusable = True
-        else:
-            dctx, sctx = op.dst.device.ctx, op.src.device.ctx
-            copy = lambda stream, word, ticket: cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]  # noqa: E731
-        if op.dst.stream is not None or op.src.stream is not None:     # (another library's array)
-            copy = self.with_foreign_waits(device, interop.copy_streams(op), copy)
-        return self._encode_on_lane(fut, lane, waits, cleanup, copy, fusable=fusable, on_complete=op.on_complete,
-                                    nbytes=nbytes, staging=op.staging)
-
-    def _copy_lane(self, op: CopyOp, deps: dict) -> Any:
-        """A copy stream always takes it (``_copy_lane_for``)."""
-        return self._copy_lane_for(op.device, op.direction, deps)
-
-    @staticmethod
-    def _copy_lane_for(device: CudaDevice, direction: str, deps: dict) -> Any:
-        """The copy stream of ``direction``; but a download whose only pending input is work on
-        one compute stream of the device goes on that stream: stream order then suffices, and
-        no cross-stream wait stalls the downloads queued behind it on the shared copy stream
-        (the DMA engine does the copy either way)."""
-        if direction in ("d2h", "d2d") and deps:
-            lane = None             # the one lane of the live inputs, if there is one
-            for f in deps:
-                other = f.lane
-                if other is None or f.retired or other is lane:
-                    continue
-                if lane is not None:
-                    break           # a second lane
-                lane = other
-            else:
-                if lane is not None and lane.device is device and lane.kind == "compute":
-                    return lane
-        return {"h2d": device.h2d, "d2h": device.d2h, "d2d": device.d2d, "peer": device.peer}[direction]
+    # The encode of a copy and its lane choice, per copy: compiled (cuda/copies.py).
+    _encode_copy = _copies.encode_copy
+    _copy_lane = _copies.copy_lane
 
     def _take_patches(self, op: CopyOp) -> list | None:
         """The patches ``_host_pointers`` made for ``op`` (under the lock, between the two)."""

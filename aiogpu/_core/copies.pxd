@@ -1,0 +1,49 @@
+# Types for copies.py (the source): the copy record and its sides as extension types with typed
+# fields, the per-copy functions as C calls. Byte counts and addresses stay Python ints (a C
+# integer would convert True and 1.5 silently).
+cimport cython
+from libc.string cimport memcpy
+from libc.stdint cimport uintptr_t
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
+
+
+cdef class CopySide:
+    cdef public object obj
+    cdef public bint host
+    cdef public object device, state, ptr, stream
+
+
+cdef class CopyOp:
+    cdef public object rt
+    cdef public CopySide dst, src
+    cdef public object nbytes, direction, device, keep
+    cdef public list cleanup
+    cdef public object on_complete, staging
+    cdef public bint staged, stage
+    cdef object _label
+
+    cpdef list writes(self)
+    cpdef stage_source(self)
+
+
+cdef inline object _buffer_address(object arr):
+    cdef Py_buffer view
+    PyObject_GetBuffer(arr, &view, PyBUF_SIMPLE)
+    address = <uintptr_t>view.buf
+    PyBuffer_Release(&view)
+    return address
+
+
+cdef inline _memcpy(object dst, object src, object nbytes):
+    memcpy(<void*><uintptr_t>dst, <const void*><uintptr_t>src, <size_t>nbytes)
+
+
+cdef str _where(CopySide side)
+cpdef str label_of(CopySide src, CopySide dst, object nbytes)
+cpdef bint unwritten(object state)
+cpdef object host_address(object arr)
+cpdef host_memcpy(object dst, object src, object nbytes)
+cpdef CopySide side(object rt, object obj, object nbytes)
+cdef tuple route(CopySide d, CopySide s)
+@cython.locals(op=CopyOp, reads=list, writes=list)
+cpdef object submit(object rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)

@@ -1,0 +1,201 @@
+"""A copy being submitted: its record (``CopyOp``, with a ``CopySide`` per side), the
+direction rule, staging of small host sources, and the hand-over to submission.
+
+The layer above (``Runtime.copy``, ``Buffer.to_numpy``) validates and makes the two sides; here
+a copy is routed (host-to-device on the destination's engine, device-to-host, device-to-device
+and peer copies on the SOURCE device's), given its hazards and submitted through
+``submit.guarded``, the record itself being the submission callable (no closure per copy). Its
+label is built when first read (errors, traces, the future), from a small cache.
+
+Under the runtime's lock, like all of submission.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from . import submit as _submit
+from ..kernels import copy_kernel
+from ..memory import Buffer
+
+# Host sources up to this size are copied into pinned memory at submission (a memcpy on the
+# loop costs less than pinning the caller's array, and the array is free again at once).
+STAGE_LIMIT = 256 << 10
+# Labels kept, by (source, destination, bytes); a service copies few distinct shapes.
+LABELS = 256
+_labels: dict = {}
+
+
+def _probe() -> None:
+    """(Its type says whether this module runs compiled: no Cython import at run time.)"""
+
+
+COMPILED = type(_probe).__name__ == "cython_function_or_method"
+
+
+class CopySide:
+    """One side of a copy: a device buffer, a host array, or a foreign device array.
+    ``state``: its ordering state (the Buffer or view, or a HostRange); ``ptr``: its
+    device-visible address (host sides outside the pinned pool: None until staged or set by
+    the backend's ``_host_pointers``); ``stream``: a foreign array's stream to order after."""
+
+    __slots__ = ("obj", "host", "device", "state", "ptr", "stream")
+
+    def __init__(self, obj: Any, host: bool, device: Any, state: Any, ptr: Any, stream: Any = None):
+        self.obj = obj
+        self.host = host
+        self.device = device
+        self.state = state
+        self.ptr = ptr
+        self.stream = stream
+
+
+class CopyOp:
+    """A validated copy: its sides, route (``direction``: "h2d", "d2h", "d2d" or "peer";
+    ``device``: whose engine or compute lane runs it), what it keeps alive, the cleanup run once
+    it has retired, host steps before it completes (``on_complete``), a bounce block the backend
+    used (``staging``). ``stage``: its host source is to be copied into a pinned block at
+    submission; ``staged``: it was (the caller's array is then not read after submission).
+    Calling it with the resolved dependencies submits it (``submit.copy``)."""
+
+    __slots__ = ("rt", "dst", "src", "nbytes", "direction", "device", "keep", "cleanup", "on_complete",
+                 "staging", "staged", "stage", "_label")
+
+    def __init__(self, rt: Any, dst: CopySide, src: CopySide, nbytes: int, direction: str, device: Any,
+                 keep: Any):
+        self.rt = rt
+        self.dst = dst
+        self.src = src
+        self.nbytes = nbytes
+        self.direction = direction
+        self.device = device
+        self.keep = keep
+        self.cleanup: list = []
+        self.on_complete = None
+        self.staging = None
+        self.staged = False
+        self.stage = False
+        self._label: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``copy SRC->DST N B`` (each side "host", its device's name, or a foreign array's type)."""
+        label = self._label
+        if label is None:
+            label = self._label = label_of(self.src, self.dst, self.nbytes)
+        return label
+
+    @property
+    def reads(self) -> list:
+        """The ordering states the copy reads: none once its host source was staged (the
+        caller's array is not read after submission, so later writers of it need not wait)."""
+        return [] if self.staged else [self.src.state]
+
+    def writes(self) -> list:
+        """The ordering states the copy writes."""
+        return [self.dst.state]
+
+    def stage_source(self) -> None:
+        """Copy the small host source into a pinned block now (``submit`` chose to). A
+        deferred copy stages only if still nothing pending writes the source (else the
+        backend's ``_host_pointers`` handles it, as any host side whose ``ptr`` is None)."""
+        rt = self.rt
+        src = self.src
+        if rt._replaying and not unwritten(src.state):
+            self.stage = False
+            return
+        address, src.ptr, release = rt.pinned.block(self.nbytes)
+        # (A host side's state is its byte range by address.)
+        host_memcpy(address, src.state.start, self.nbytes)
+        self.cleanup.append(release)
+        self.staged = True
+
+    def __call__(self, deps: dict) -> Any:
+        return _submit.copy(self.rt, self, deps)
+
+
+def _where(side: CopySide) -> str:
+    if side.host:
+        return "host"
+    return side.device.name if type(side.obj) is Buffer else type(side.obj).__name__
+
+
+def label_of(src: CopySide, dst: CopySide, nbytes: int) -> str:
+    """A copy's label, from the cache when it holds it."""
+    key = (_where(src), _where(dst), nbytes)
+    label = _labels.get(key)
+    if label is None:
+        label = f"copy {key[0]}->{key[1]} {nbytes} B"
+        if len(_labels) >= LABELS:
+            _labels.clear()
+        _labels[key] = label
+    return label
+
+
+def unwritten(state: Any) -> bool:
+    """Whether no unretired work writes the memory of ``state`` (a HostRange)."""
+    writer = state.last_write
+    return writer is None or writer.retired
+
+
+def host_address(arr: Any) -> int:
+    """The address of the first byte of a C-contiguous NumPy array (validated as such)."""
+    if COMPILED:
+        return _buffer_address(arr)  # type: ignore[name-defined]  # noqa: F821 - the buffer protocol (copies.pxd)
+    return arr.__array_interface__["data"][0]
+
+
+def host_memcpy(dst: int, src: int, nbytes: int) -> None:
+    """``nbytes`` bytes from host address ``src`` to host address ``dst``."""
+    if COMPILED:
+        _memcpy(dst, src, nbytes)  # type: ignore[name-defined]  # noqa: F821 - libc's memcpy (copies.pxd)
+    else:
+        ctypes.memmove(dst, src, nbytes)
+
+
+def route(d: CopySide, s: CopySide) -> tuple:
+    """The copy-direction rule: (direction, the device whose engine runs the copy)."""
+    if s.host:
+        return "h2d", d.device
+    if d.host:
+        return "d2h", s.device
+    if d.device is s.device:
+        return "d2d", s.device
+    return "peer", s.device          # between GPUs: the SOURCE device's engine
+
+
+def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
+    """The side of a validated copy for a Buffer (or view) or a C-contiguous NumPy array
+    (``Runtime._side`` makes the others): a host array in the runtime's pinned pool has its
+    device pointer (used in place), other host arrays None (staged, or the backend's
+    ``_host_pointers``)."""
+    if type(obj) is Buffer:
+        return CopySide(obj, False, obj.device, obj, obj.address)
+    address = host_address(obj)
+    return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
+
+
+def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: Any,
+           fresh_dst: bool = False) -> Any:
+    """Route and submit a validated copy (under the lock). A small host source that nothing
+    pending writes and that is not in the pinned pool is staged (copied into a pinned block) when
+    it is submitted: the copy then does not read the caller's array, so it is no reader of it
+    and waits for no writer of it. ``fresh_dst``: the destination is memory just taken from the
+    pinned pool, which no unretired work touches (nothing to wait for there; the copy is still
+    recorded as its writer)."""
+    direction, device = route(d, s)
+    op = CopyOp(rt, d, s, nbytes, direction, device, keep)
+    reads = [s.state]
+    writes = [d.state]
+    rw = None
+    if s.host and s.ptr is None and nbytes <= STAGE_LIMIT and unwritten(s.state):
+        op.stage = True
+        rw = (reads, writes)
+        reads = []
+    if fresh_dst:
+        rw = (reads, writes)
+        writes = []
+    compile = None
+    if not (rt.copy_engines and rt.engines_take_every_copy) and copy_kernel not in device._kernels:
+        compile = rt._copy_kernel_compile(op)
+    return _submit.guarded(rt, device, op.label, reads, writes, after, op, deferred_rw=rw, compile=compile)
