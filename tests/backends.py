@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +201,17 @@ class Batches:
 
     def after_io_wait(self, _timeout: float) -> None:
         self.n += 1
+
+
+def count_calls(monkeypatch: Any, obj: Any, name: str) -> list:
+    """Replace ``obj.name`` (for the test) by a wrapper that records each call's positional
+    arguments in the returned list and then calls the original."""
+    calls: list = []
+    real = getattr(obj, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, spy)
+    return calls

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import submit as _submit
 from ..kernels import copy_kernel
-from ..memory import Buffer
+from .hazards import BufferState      # (memory.Buffer's base: the core does not import memory)
 
 # Host sources up to this size are copied into pinned memory at submission (a memcpy on the
 # loop costs less than pinning the caller's array, and the array is free again at once).
@@ -117,7 +117,7 @@ class CopyOp:
 def _where(side: CopySide) -> str:
     if side.host:
         return "host"
-    return side.device.name if type(side.obj) is Buffer else type(side.obj).__name__
+    return side.device.name if isinstance(side.obj, BufferState) else type(side.obj).__name__
 
 
 def label_of(src: CopySide, dst: CopySide, nbytes: int) -> str:
@@ -169,7 +169,7 @@ def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
     (``Runtime._side`` makes the others): a host array in the runtime's pinned pool has its
     device pointer (used in place), other host arrays None (staged, or the backend's
     ``_host_pointers``)."""
-    if type(obj) is Buffer:
+    if isinstance(obj, BufferState):
         return CopySide(obj, False, obj.device, obj, obj.address)
     address = host_address(obj)
     return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))

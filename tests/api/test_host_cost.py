@@ -13,19 +13,10 @@ import pytest
 
 import aiogpu
 from gpu_kernels import scale, sleep_ms
-from backends import on_fake_cuda, run_on_fake_cuda
+from backends import count_calls, on_fake_cuda, run_on_fake_cuda
 
 
-def _count(monkeypatch, obj, name):
-    calls = []
-    real = getattr(obj, name)
-
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(obj, name, spy)
-    return calls
+_count = count_calls
 
 
 def test_device_memory_is_cached_after_the_first_request(any_rt, monkeypatch):

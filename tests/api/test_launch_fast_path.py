@@ -10,21 +10,14 @@ import pytest
 import aiogpu
 import aiogpu.device
 from aiogpu.errors import RuntimeClosedError
+from backends import count_calls
 from gpu_kernels import saxpy, scale
 
 pytestmark = pytest.mark.asyncio
 
 
 def _spy(monkeypatch, name):
-    calls = []
-    real = getattr(aiogpu.device, name)
-
-    def spy(*args, **kwargs):
-        calls.append(name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(aiogpu.device, name, spy)
-    return calls
+    return count_calls(monkeypatch, aiogpu.device, name)
 
 
 async def test_a_repeated_plain_launch_skips_the_general_path(any_rt, monkeypatch):
@@ -33,24 +26,15 @@ async def test_a_repeated_plain_launch_skips_the_general_path(any_rt, monkeypatc
     await aiogpu.copy(x, np.arange(64, dtype=np.float32))
     await aiogpu.copy(y, np.zeros(64, np.float32))
     await d0.launch(saxpy, (64,), (64,), (y, x, 1.0, 64))          # the shape is validated once
-    calls = _spy(monkeypatch, "check_args") + _spy(monkeypatch, "check_launch")
-    shape_checks = _count_method(monkeypatch, d0, "_launch_shape")
+    # (each spy's own list: a concatenation of them would be a new list no call reaches)
+    arg_checks, launch_checks = _spy(monkeypatch, "check_args"), _spy(monkeypatch, "check_launch")
+    shape_checks = count_calls(monkeypatch, d0, "_launch_shape")
     futs = [d0.launch(saxpy, (64,), (64,), (y, x, 1.0, 64)) for _ in range(5)]
-    assert calls == [] and shape_checks == [], "a plain launch went through the general path"
+    assert arg_checks == launch_checks == shape_checks == [], "a plain launch went through the general path"
     await aiogpu.gather(*futs)
     assert (await y.to_numpy(np.float32) == 6 * np.arange(64, dtype=np.float32)).all()   # in order
 
 
-def _count_method(monkeypatch, obj, name):
-    calls = []
-    real = getattr(obj, name)
-
-    def spy(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(obj, name, spy)
-    return calls
 
 
 @pytest.mark.parametrize("case", ["count", "bool", "range", "fraction", "str", "freed", "view", "other_device",

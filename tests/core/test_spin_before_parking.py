@@ -116,12 +116,17 @@ def run_bounded(coro):
 
 def test_an_await_settled_by_the_spin_parks_not_and_takes_its_turn_slot(monkeypatch):
     from aiogpu import _loops
-    go_on = count_calls(monkeypatch, _loops.AsyncioPort, "go_on")
+    # (The port is an extension type where the loop bridge is compiled: its methods cannot be
+    # wrapped there; the interpreted run, which mutation testing uses, checks the turn slot.)
+    try:
+        admit = count_calls(monkeypatch, _loops.AsyncioPort, "admit")
+    except TypeError:
+        admit = None
     hub = PollHub(after=2)
     fut = hub.new(1)
     assert run_bounded(_await(fut)) is None
     assert hub.polls == 2 and fut._ports is None       # spun, never registered
-    assert go_on == [{"woken": False}]
+    assert admit is None or admit == [(False,)]        # took a slot of this turn, not as woken
 
 
 def test_an_await_does_not_spin_while_another_is_awaited():
