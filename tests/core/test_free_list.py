@@ -140,7 +140,12 @@ def test_buffers_freed_while_a_launch_uses_them_go_back_when_it_retires(rt):
     gate.open()
     assert first.wait(10) and second.wait(10)
     assert first.exception() is None and second.exception() is None
-    assert [b.released for b in (dst, src, both)] == [True, True, True]
+    for _ in range(1000):       # (retirement may follow completion on the waiter thread)
+        if first.retired and second.retired:
+            break
+        threading.Event().wait(0.01)
+    with rt.lock:
+        assert [b.released for b in (dst, src, both)] == [True, True, True]
     assert rt.leaks() == {}
 
 
