@@ -190,8 +190,12 @@ class _BindingsHot(HotPath):
 def _host_func_without_python() -> Any:
     """``(stream, fn, data) -> CUresult`` launching the C function ``fn`` as a host function:
     straight into libcuda through ctypes (the driver thread calls ``fn`` and never enters
-    Python); where libcuda is under another name, cuda-bindings' C trampoline."""
+    Python); where libcuda is under another name, or the bindings in use are not the driver's
+    (no ``cuGetProcAddress``: the fake of tests/fakes on a machine whose libcuda.so.1 is a real
+    driver, which must never get the fake's handles), cuda-bindings' C trampoline."""
     try:
+        if not hasattr(cu, "cuGetProcAddress"):
+            raise OSError("the cuda.bindings in use are not the real ones")
         f = ctypes.CDLL("libcuda.so.1").cuLaunchHostFunc
     except (OSError, AttributeError):
         return lambda s, fn, d: cu.cuLaunchHostFunc(s, cu.CUhostFn(fn), d)[0]
