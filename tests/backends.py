@@ -37,6 +37,15 @@ def run_on_fake_cuda(script: str, *, timeout: float = 120, **env: str) -> subpro
 
 CUDA_OK, CUDA_WHY = cuda_available()
 
+# The builder of the fake libcuda.so.1 (tests/fakes/libcuda), loaded from its path: it is a script,
+# not a package module. ``needs_fake_libcuda`` marks the tests that build it.
+_spec = importlib.util.spec_from_file_location("build_libcuda", ROOT / "tests" / "fakes" / "libcuda" / "build_libcuda.py")
+build_libcuda = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_libcuda)
+needs_fake_libcuda = pytest.mark.skipif(
+    build_libcuda.compiler() is None,
+    reason="no C compiler (tried $CC, cc, gcc, clang): the fake libcuda.so.1 cannot be built")
+
 
 def _hsa_virtual_available() -> tuple[bool, str]:
     """The virtual KFD with ROCr, and comgr with the OpenCL headers: the test kernels have only

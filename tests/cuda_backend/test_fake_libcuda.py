@@ -12,15 +12,11 @@ import textwrap
 
 import pytest
 
-from backends import ROOT, on_fake_cuda, run_on_fake_cuda
+from backends import ROOT, build_libcuda, needs_fake_libcuda, on_fake_cuda, run_on_fake_cuda
 
-_spec = importlib.util.spec_from_file_location("build_libcuda", ROOT / "tests" / "fakes" / "libcuda" / "build_libcuda.py")
-build_libcuda = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(build_libcuda)
 ORDER = ("launch", "memcpy", "write64", "wait64", "wait_event", "record", "query", "host_func")
 # Every test here builds the fake library (or a scratch one) with the machine's C compiler.
-pytestmark = pytest.mark.skipif(build_libcuda.compiler() is None,
-                                reason="no C compiler (tried $CC, cc, gcc, clang): the fake libcuda.so.1 cannot be built")
+pytestmark = needs_fake_libcuda
 
 
 @pytest.fixture(scope="module")

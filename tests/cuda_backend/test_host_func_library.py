@@ -5,12 +5,10 @@ driver never gets a fake stream (on the H200 that crashed the test process)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from backends import run_on_fake_cuda
+from backends import build_libcuda, needs_fake_libcuda, run_on_fake_cuda
 
 SCRIPT = r"""
 import ctypes, json
@@ -23,18 +21,10 @@ print(json.dumps({{"ctypes": isinstance(f, ctypes._CFuncPtr), "hot": D.HOT.name}
 """
 
 
-def _fake_libcuda_dir() -> str:
-    from pathlib import Path
-    build = Path(__file__).resolve().parents[1] / "fakes" / "libcuda" / "build_libcuda.py"
-    proc = subprocess.run([sys.executable, str(build)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"the fake libcuda.so.1 did not build: {proc.stderr[-500:]}")
-    return proc.stdout.strip()
-
-
+@needs_fake_libcuda
 @pytest.mark.parametrize("hide", [True, False])
 def test_host_functions_go_through_libcuda_only_for_the_drivers_own_bindings(hide):
-    proc = run_on_fake_cuda(SCRIPT.format(hide=hide), LD_LIBRARY_PATH=_fake_libcuda_dir())
+    proc = run_on_fake_cuda(SCRIPT.format(hide=hide), LD_LIBRARY_PATH=build_libcuda.build())
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     # The fake libcuda.so.1 is the loader's here: it stands in for a real driver when hidden.
