@@ -6,6 +6,11 @@
 - ``service``: what bench/serve.py's handler does, minus aiohttp: two allocs, an upload from a
   fresh array, a launch, ``await to_numpy``, two frees.
 
+Three more shapes, not run unless named in ``--shapes``, are the service request cut short, to
+say where its cost goes (subtract each from the next): ``service_allocs`` (the two allocs and
+frees, with ``await asyncio.sleep(0)`` in place of the download), ``service_upload`` (and the
+upload, not awaited), ``service_launch`` (and the launch); ``service`` is all of it.
+
 Per shape: Python and C function calls per operation on the calling thread (close to
 deterministic: they moved by up to 4% between runs of one tree on the fake driver), the best
 CPU time per operation over 7 runs of the calling thread and of the whole process (the waiter
@@ -58,6 +63,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SHAPES = ("submit", "await1", "buffers", "service")
+SERVICE_PARTS = ("service_allocs", "service_upload", "service_launch")
 NOOP_CUDA = 'extern "C" __global__ void noop(unsigned n) {}'
 K2_CUDA = 'extern "C" __global__ void k2(float* a, const float* b, unsigned n) {}'
 
@@ -72,6 +78,8 @@ def k2(launch, a, b, n):
 
 def make_shapes(rt) -> dict:
     """Each shape as a function of the number of operations it runs."""
+    import asyncio
+
     import numpy as np
     import uvloop
 
@@ -111,7 +119,25 @@ def make_shapes(rt) -> dict:
                 y.free()
         uvloop.run(go())
 
-    return {"submit": submit, "await1": await1, "buffers": buffers, "service": service}
+    def service_part(stage: int):
+        """The service request up to ``stage`` (1 allocs, 2 upload, 3 launch), one loop turn each."""
+        def run(n: int) -> None:
+            async def go() -> None:
+                host = np.ones(256, np.float32)
+                for _ in range(n):
+                    x, y = dev.alloc(1024), dev.alloc(1024)
+                    if stage >= 2:
+                        aiogpu.copy(x, host)
+                    if stage >= 3:
+                        dev.launch(kb, (256,), (256,), (y, x, 256))
+                    await asyncio.sleep(0)
+                    x.free()
+                    y.free()
+            uvloop.run(go())
+        return run
+
+    return {"submit": submit, "await1": await1, "buffers": buffers, "service": service,
+            **{name: service_part(stage) for stage, name in enumerate(SERVICE_PARTS, 1)}}
 
 
 def hot_path(rt) -> str:
@@ -259,7 +285,7 @@ def main() -> None:
     ap.add_argument("--backend", default=None)
     ap.add_argument("--n", type=int, default=None, help="operations per run (2000; 200 with --callgrind)")
     ap.add_argument("--runs", type=int, default=7, help="timed runs per shape (the best counts)")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ", ".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ", ".join(SHAPES + SERVICE_PARTS))
     ap.add_argument("--fake", action="store_true", help="on the fake CUDA driver with its libcuda.so.1, in children")
     ap.add_argument("--hot", choices=("c", "bindings"), help="force this CUDA hot path (AIOGPU_CUDA_HOT)")
     ap.add_argument("--ab", metavar="OLD_TREE", help="also OLD_TREE's aiogpu, alternating (implies --fake)")
@@ -271,9 +297,9 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=200, help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = [s for s in a.shapes.split(",") if s]
-    bad = [s for s in shapes if s not in SHAPES]
+    bad = [s for s in shapes if s not in SHAPES + SERVICE_PARTS]
     if bad:
-        ap.error(f"unknown shapes {bad}: choose from {', '.join(SHAPES)}")
+        ap.error(f"unknown shapes {bad}: choose from {', '.join(SHAPES + SERVICE_PARTS)}")
     n = a.n or (200 if a.callgrind else 2000)
     if a.worker:
         if a.once:
