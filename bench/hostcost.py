@@ -19,7 +19,7 @@ GIL that the loop does not see in its own CPU time). With ``--callgrind``: instr
 operation of the calling thread from valgrind's callgrind, which a loaded machine does not move:
 each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
-(I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service) between runs
+(I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service; in six later runs 184k-241k) between runs
 of one tree (probably as which thread settles and frees what moves with when the waiter takes
 the GIL): use ``--repeat`` (the A/B compares each tree's lowest). The whole process's count
 moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
@@ -64,6 +64,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SHAPES = ("submit", "await1", "buffers", "service")
 SERVICE_PARTS = ("service_allocs", "service_upload", "service_launch")
+ALL_SHAPES = SHAPES + SERVICE_PARTS
 NOOP_CUDA = 'extern "C" __global__ void noop(unsigned n) {}'
 K2_CUDA = 'extern "C" __global__ void k2(float* a, const float* b, unsigned n) {}'
 
@@ -107,20 +108,9 @@ def make_shapes(rt) -> dict:
         x.free()
         y.free()
 
-    def service(n: int) -> None:
-        async def go() -> None:
-            host = np.ones(256, np.float32)
-            for _ in range(n):
-                x, y = dev.alloc(1024), dev.alloc(1024)
-                aiogpu.copy(x, host)
-                dev.launch(kb, (256,), (256,), (y, x, 256))
-                await y.to_numpy(np.float32)
-                x.free()
-                y.free()
-        uvloop.run(go())
-
-    def service_part(stage: int):
-        """The service request up to ``stage`` (1 allocs, 2 upload, 3 launch), one loop turn each."""
+    def service_up_to(stage: int):
+        """The service request up to ``stage``: 1 the allocs and frees, 2 and the upload, 3 and
+        the launch (each with one loop turn in place of the download), 4 all of it."""
         def run(n: int) -> None:
             async def go() -> None:
                 host = np.ones(256, np.float32)
@@ -130,14 +120,17 @@ def make_shapes(rt) -> dict:
                         aiogpu.copy(x, host)
                     if stage >= 3:
                         dev.launch(kb, (256,), (256,), (y, x, 256))
-                    await asyncio.sleep(0)
+                    if stage == 4:
+                        await y.to_numpy(np.float32)
+                    else:
+                        await asyncio.sleep(0)
                     x.free()
                     y.free()
             uvloop.run(go())
         return run
 
-    return {"submit": submit, "await1": await1, "buffers": buffers, "service": service,
-            **{name: service_part(stage) for stage, name in enumerate(SERVICE_PARTS, 1)}}
+    return {"submit": submit, "await1": await1, "buffers": buffers, "service": service_up_to(4),
+            **{name: service_up_to(stage) for stage, name in enumerate(SERVICE_PARTS, 1)}}
 
 
 def hot_path(rt) -> str:
@@ -285,7 +278,7 @@ def main() -> None:
     ap.add_argument("--backend", default=None)
     ap.add_argument("--n", type=int, default=None, help="operations per run (2000; 200 with --callgrind)")
     ap.add_argument("--runs", type=int, default=7, help="timed runs per shape (the best counts)")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ", ".join(SHAPES + SERVICE_PARTS))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated, of " + ", ".join(ALL_SHAPES))
     ap.add_argument("--fake", action="store_true", help="on the fake CUDA driver with its libcuda.so.1, in children")
     ap.add_argument("--hot", choices=("c", "bindings"), help="force this CUDA hot path (AIOGPU_CUDA_HOT)")
     ap.add_argument("--ab", metavar="OLD_TREE", help="also OLD_TREE's aiogpu, alternating (implies --fake)")
@@ -297,9 +290,9 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=200, help=argparse.SUPPRESS)
     a = ap.parse_args()
     shapes = [s for s in a.shapes.split(",") if s]
-    bad = [s for s in shapes if s not in SHAPES + SERVICE_PARTS]
+    bad = [s for s in shapes if s not in ALL_SHAPES]
     if bad:
-        ap.error(f"unknown shapes {bad}: choose from {', '.join(SHAPES + SERVICE_PARTS)}")
+        ap.error(f"unknown shapes {bad}: choose from {', '.join(ALL_SHAPES)}")
     n = a.n or (200 if a.callgrind else 2000)
     if a.worker:
         if a.once:
