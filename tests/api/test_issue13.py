@@ -239,6 +239,16 @@ def test_capture_orders_copies_of_overlapping_host_arrays(any_rt):
 
 
 # -- item 22: a rejected replay leaves no ordering state behind ----------------------------------
+def _pending_retired(rt, timeout: float = 10.0) -> bool:
+    """Whether ``rt`` reaches nothing pending within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while rt.stats()["pending"]:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
 def test_rejected_replays_leave_no_ordering_state(make_runtime):
     from gpu_kernels import fail_if
     rt = make_runtime(gpus=1)
@@ -250,6 +260,9 @@ def test_rejected_replays_leave_no_ordering_state(make_runtime):
         d0.launch(add_const_n, grid=(8,), block=(8,), args=(x, 1, 8))
     exe = g.instantiate()
     assert exe.launch().wait(20)
+    # The waiter retires a replay just after settling its future: start from nothing pending.
+    # (Not wait_for_baseline: the executables keep their host arrays locked while they live.)
+    assert _pending_retired(rt)
     # Rejected as bad input: a buffer it uses was freed.
     x.free()
     with pytest.raises(ValueError, match="freed"):
@@ -262,6 +275,7 @@ def test_rejected_replays_leave_no_ordering_state(make_runtime):
     assert d0.launch(fail_if, grid=(1,), block=(1,), args=(a, 1)).wait(20)
     replay = exe2.launch()
     assert replay.wait(20) and isinstance(replay.exception(), aiogpu.GPUError)
+    assert _pending_retired(rt)
     stats = rt.stats()
     assert stats["host_ranges"] == 0 and stats["pending"] == 0 and stats["signals_in_use"] == 0
     del exe, exe2                    # (executables keep their host arrays locked while they live)
