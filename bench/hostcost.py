@@ -245,18 +245,20 @@ def run_child(tree: str, hot: str | None, args: list[str], wrap: list[str] = ())
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def callgrind_instructions(tree: str, hot: str | None, shape: str, n: int) -> tuple[float, str]:
+def callgrind_instructions(tree: str, hot: str | None, shape: str, n: int,
+                           keep: str | None = None) -> tuple[float, str]:
     """Instructions per operation of ``shape`` in ``tree`` on the calling thread, and the hot
     path used. Only the region of the operations is counted (``run_once``); the waiter
     thread's instructions are not: under valgrind its timed wake-ups follow the wall clock,
     which a 50x slower run stretches, so that count is not the program's (its CPU time is in
-    the timed runs' process column)."""
+    the timed runs' process column). ``keep``: a folder to leave callgrind's files in (named
+    ``SHAPE.N-01`` and ``SHAPE.3N-01`` for the calling thread), for ``callgrind_annotate``."""
     if shutil.which("valgrind") is None:
         sys.exit("hostcost: --callgrind needs valgrind")
     counts, hot_name = [], "-"
     with tempfile.TemporaryDirectory() as tmp:
         for ops in (n, 3 * n):
-            out_file = os.path.join(tmp, f"cg.{ops}")
+            out_file = os.path.join(keep or tmp, f"{shape}.{ops}")
             res = run_child(tree, hot, ["--once", shape, "--n", str(ops), "--warm", str(n)],
                             wrap=["valgrind", "--tool=callgrind", "--separate-threads=yes",
                                   "--collect-atstart=no", "--toggle-collect=functools_reduce",
@@ -285,6 +287,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="with --ab: runs of each tree, alternating")
     ap.add_argument("--callgrind", action="store_true", help="instructions per operation (valgrind; implies --fake)")
     ap.add_argument("--repeat", type=int, default=1, help="with --callgrind: measurements per tree and shape")
+    ap.add_argument("--callgrind-dir", help="with --callgrind, one tree: keep callgrind's files there "
+                    "(callgrind_annotate --inclusive=yes DIR/service.600-01)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--once", help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=200, help=argparse.SUPPRESS)
@@ -294,6 +298,11 @@ def main() -> None:
     if bad:
         ap.error(f"unknown shapes {bad}: choose from {', '.join(ALL_SHAPES)}")
     n = a.n or (200 if a.callgrind else 2000)
+    if a.callgrind_dir and (a.ab or not a.callgrind):
+        ap.error("--callgrind-dir: with --callgrind, and without --ab (one tree's files)")
+    if a.callgrind_dir:
+        os.makedirs(a.callgrind_dir, exist_ok=True)
+        a.callgrind_dir = os.path.abspath(a.callgrind_dir)
     if a.worker:
         if a.once:
             run_once(a.backend, a.once, n, a.warm)
@@ -321,7 +330,7 @@ def main() -> None:
         for shape in shapes:
             for _ in range(a.repeat):
                 for label, tree in trees:
-                    ipo, hot = callgrind_instructions(tree, a.hot, shape, n)
+                    ipo, hot = callgrind_instructions(tree, a.hot, shape, n, a.callgrind_dir)
                     per.setdefault((shape, label), []).append(ipo)
                     print(f"  {shape:8s} {label:3s} {ipo:10,.0f}   hot path {hot.split(' ')[0]}   ({tree})",
                           flush=True)

@@ -47,3 +47,5 @@ cpdef track(object rt, GPUFuture fut, object reads, object writes, object deps=*
 
 @cython.locals(x=object)
 cpdef bint plain_ints(tuple shape)
+
+cpdef bint any_deferred(dict deps)

@@ -46,7 +46,7 @@ def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: 
         deps, err = {}, None
     if err is not None:
         return hazards.failed_without_running(rt.hub, label, err, writes)
-    if deps or compile is not None:          # (deferred work in deps: its submitted work)
+    if compile is not None or deps and any_deferred(deps):   # (deferred work: its submitted work)
         resolved, blockers = deferred.resolve(deps)
         if blockers or compile is not None:
             if deferred_rw is not None:
@@ -96,6 +96,15 @@ def pick_lane(device: Any, deps: dict) -> Any:
         if least is None or load < least:
             best, least = lane, load
     return best
+
+
+def any_deferred(deps: dict) -> bool:
+    """Whether a dependency may be deferred work (``deferred.Deferred``, the one subclass of
+    GPUFuture): only then has ``deferred.resolve`` anything to do."""
+    for f in deps:
+        if type(f) is not GPUFuture:
+            return True
+    return False
 
 
 def plain_ints(shape: tuple) -> bool:
@@ -181,11 +190,13 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
             err = hazards.failed_dependency(deps)
             if err is not None:
                 return hazards.failed_without_running(rt.hub, label, err, writes)
-            resolved, blockers = deferred.resolve(deps)
-            if blockers:
-                return deferred.defer(rt, device, label, reads, writes, deps, functools.partial(
-                    _launch_after, rt, device, loaded, label, shape, values, lengths, reads, writes), None, blockers)
-            deps = resolved
+            if any_deferred(deps):
+                resolved, blockers = deferred.resolve(deps)
+                if blockers:
+                    return deferred.defer(rt, device, label, reads, writes, deps, functools.partial(
+                        _launch_after, rt, device, loaded, label, shape, values, lengths, reads, writes), None,
+                        blockers)
+                deps = resolved
         return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, deps, reads, writes)
 
 

@@ -1,9 +1,15 @@
 # Types for copies.py (the source): the copy record's fields read as C slots.
 cimport cython
 from aiogpu._core.copies cimport CopyOp, CopySide
+from aiogpu._core.futures cimport GPUFuture
+from aiogpu.cuda.encode cimport Lane, wait_on_device
 
-@cython.locals(dst=CopySide, src=CopySide, fusable=bint)
+@cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint)
 cpdef object encode_copy(object self, object fut, CopyOp op, object lane, object waits, list cleanup)
+
+@cython.locals(code=cython.longlong, ticket=cython.longlong)
+cpdef memcpy_on_lane(object runtime, GPUFuture fut, Lane lane, object dptr, object sptr, object nbytes, object waits,
+                     list cleanup, object on_complete, object staging)
 
 cpdef object copy_lane(object self, CopyOp op, object deps)
 

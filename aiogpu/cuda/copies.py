@@ -9,6 +9,7 @@ import functools
 from typing import Any, Sequence
 
 from .._core.copies import CopyOp
+from .encode import Lane, _generation, _tls, wait_on_device
 
 _driver: Any = None          # aiogpu.cuda.driver, once a copy is encoded
 
@@ -29,9 +30,13 @@ def encode_copy(self: Any, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cle
     dptr, sptr, nbytes = dst.ptr, src.ptr, op.nbytes
     patched = self._patches        # (_take_patches inlined: this runs per copy)
     fusable = False
+    foreign = dst.stream is not None or src.stream is not None     # (another library's array)
     if patched is not None and patched[0] is op:
         self._patches = None
         copy = self._with_patches(op, functools.partial(_hot().memcpy, dptr, sptr, nbytes), patched[1])
+    elif not foreign and (op.direction != "peer" or dst.device.index in src.device.peers):
+        memcpy_on_lane(self, fut, lane, dptr, sptr, nbytes, waits, cleanup, op.on_complete, op.staging)
+        return ()
     elif op.direction != "peer" or dst.device.index in src.device.peers:     # (_shader_can_copy)
         # (fusable: passes the word on; a partial of the hot path's memcpy, not a closure:
         # calling it runs no Python frame)
@@ -39,11 +44,38 @@ def encode_copy(self: Any, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cle
     else:
         dctx, sctx = dst.device.ctx, src.device.ctx
         copy = functools.partial(_peer_memcpy, dptr, dctx, sptr, sctx, nbytes)
-    if dst.stream is not None or src.stream is not None:     # (another library's array)
+    if foreign:
         copy = self.with_foreign_waits(op.device, [side.stream for side in (dst, src) if side.stream is not None],
                                        copy)
     return self._encode_on_lane(fut, lane, waits, cleanup, copy, fusable=fusable, on_complete=op.on_complete,
                                 nbytes=nbytes, staging=op.staging)
+
+
+def memcpy_on_lane(runtime: Any, fut: Any, lane: Lane, dptr: int, sptr: int, nbytes: int, waits: Sequence,
+                   cleanup: list, on_complete: Any, staging: Any) -> None:
+    """A copy that is one ``HotPath.memcpy`` (no patches, no other library's streams, no
+    unmapped peer) on ``lane`` after ``waits``: ``CudaRuntime._encode_on_lane`` of it with the
+    lane's completion inlined where the memcpy wrote the word (as ``encode.launch_on_lane``
+    for a launch). Raises CudaError where a call failed (nothing then completes ``fut``)."""
+    device = lane.device
+    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):   # (make_current's test)
+        device.make_current()
+    code = wait_on_device(lane, waits) if waits else 0
+    word = lane.fused_word
+    ticket = lane.ticket + 1
+    if not code:
+        code = lane.hot.memcpy(dptr, sptr, nbytes, lane.sh, word, ticket if word else 0)
+    if code or not word:
+        runtime._completed_on_lane(fut, lane, cleanup, code, word)
+    else:
+        lane.ticket = ticket
+        fut.lane = lane
+        fut.ticket = ticket
+        fut.queue = lane.name
+        fut.packet = ticket
+    fut.on_complete, fut.staging = on_complete, staging
+    if nbytes:
+        fut.nbytes = nbytes
 
 
 def copy_lane(self: Any, op: CopyOp, deps: dict) -> Any:

@@ -297,3 +297,58 @@ def test_the_build_says_why_it_cannot_and_keeps_the_library_it_had(tmp_path, mon
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("CC", raising=False)
     assert build_libcuda.compiler() is None
+
+
+REFUSED_COPIES = r"""
+import json
+import numpy as np
+import aiogpu
+import aiogpu.cuda.driver as D
+import fakecuda_controls as fc
+
+rt = aiogpu.Runtime("cuda")
+d0 = rt.devices[0]
+x, y = d0.alloc(1024), d0.alloc(1024)
+host = np.arange(256, dtype=np.float32)
+assert aiogpu.copy(y, host).wait(10) and y.to_numpy().wait(10)      # (lanes made, pools warm)
+# (cuda-bindings' hot path bound the entry point when it was made; the C one calls the fake's)
+owner, attr = (D.HOT, "_memcpy") if hasattr(D.HOT, "_memcpy") else (fc.cu, "cuMemcpyAsync")
+real = getattr(owner, attr)
+out = {"hot": D.HOT.name}
+for name, lane, submit in (("upload", d0.h2d, lambda: aiogpu.copy(x, host)),
+                           ("download", d0.d2h, lambda: y.to_numpy(np.float32))):
+    ticket = lane.ticket
+    setattr(owner, attr, lambda *a: (1,))          # CUDA_ERROR_INVALID_VALUE: refused, not sticky
+    try:
+        fut = submit()
+    finally:
+        setattr(owner, attr, real)
+    exc = fut.exception() if fut.wait(10) else None
+    out[name] = {"error": type(exc).__name__, "status": getattr(exc, "status", None),
+                 "ticket_kept": lane.ticket == ticket, "broken": d0.broken is not None,
+                 "pending": rt.stats()["pending"]}
+again = aiogpu.copy(x, host)
+back = x.to_numpy(np.float32)
+out["after"] = [again.wait(10) and again.exception() is None, back.wait(10) and bool(np.array_equal(back.result(), host))]
+x.free()
+y.free()
+out["leaks"] = rt.leaks(5)
+rt.close()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("hot", ["c", "bindings"])
+def test_a_copy_the_driver_refuses_fails_alone_and_releases_what_it_held(lib_dir, hot):
+    """cuMemcpyAsync refusing an upload (staged through a pinned block) or a download (into
+    a new pinned array; of another buffer: the failed upload leaves its destination failed,
+    and a download of it would fail as a dependency): the copy's future fails with the
+    driver's status, the lane's ticket
+    does not move (nothing was queued), the device stays usable, nothing is left pending or
+    held, and the next copies run. On the C hot path and on cuda-bindings."""
+    out = run_c(REFUSED_COPIES, lib_dir, AIOGPU_CUDA_HOT=hot)
+    assert out["hot"] == ("c" if hot == "c" else "cuda-bindings"), out
+    for name in ("upload", "download"):
+        assert out[name] == {"error": "CudaError", "status": 1, "ticket_kept": True, "broken": False,
+                             "pending": 0}, out
+    assert out["after"] == [True, True] and out["leaks"] == {}, out
