@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+import numpy as _np
+
 # First: its import finder decides, for every compiled module of aiogpu, whether the extension or
 # the .py is loaded (stale builds, AIOGPU_PURE_CORE): it must be in place before any of them.
 from . import _core  # noqa: F401
@@ -19,6 +21,9 @@ from .kernels import Kernel, kernel
 from .memory import Buffer
 from .device import Device
 from .runtime import Runtime, runtime
+from .runtime import _HOST_DTYPES
+from . import capture as _capture
+from ._core import copies as _copies
 from .runtime import runtime as _default_runtime
 from .futures import GPUFuture
 from .structured import TaskGroup
@@ -57,7 +62,12 @@ def copy(dst: Any, src: Any, *, after: Iterable[GPUFuture[Any]] = ()) -> GPUFutu
     completes (the future keeps it alive).
     """
     if type(dst) is Buffer:
-        return dst.device.runtime.copy(dst, src, after)
+        rt = dst.device.runtime
+        if type(src) is _np.ndarray and not after and _capture._active.get() is None:
+            fut = _copies.upload_plain(rt, dst, src, _HOST_DTYPES)    # (the common upload, compiled)
+            if fut is not None:
+                return fut
+        return rt.copy(dst, src, after)
     return _runtime_of(dst, src).copy(dst, src, after)
 
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from . import capture as _capture
+from ._core import copies as _copies
 from ._core.hazards import BufferState
 from .errors import NotOnCudaError, RuntimeClosedError
 
@@ -575,7 +577,7 @@ class Buffer(BufferState):
             if self.nbytes % dtype.itemsize:
                 raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
             shape = None
-        if rt._current_capture() is not None:
+        if _capture._active.get() is not None and _capture.current(rt) is not None:
             # Nothing would fill the new array until a replay, and every replay would overwrite
             # it: a graph copies into host memory the caller owns.
             raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
@@ -587,7 +589,7 @@ class Buffer(BufferState):
             if shape is not None and len(shape) != 1:
                 out = out.reshape(shape)
             # (In the same section: one Ctrl-C hold, not two.)
-            fut = rt._download(self, out, address, ptr)
+            fut = _copies.download(rt, self, out, address, ptr)
         fut.value = out
         return fut
 

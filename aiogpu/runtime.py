@@ -331,15 +331,6 @@ class Runtime(RuntimeHooks):
                 else self._side(src, "src", nbytes)
             return _copies.submit(self, d, s, nbytes, after, [dst, src])
 
-    def _download(self, buf: Buffer, out: np.ndarray, address: int, ptr: int) -> GPUFuture[np.ndarray]:
-        """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host
-        ``address`` and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime
-        open, no capture): the copy of ``copy(out, buf)`` without its validation, which holds by
-        construction."""
-        n = buf.nbytes
-        return _copies.submit(self, CopySide(out, True, None, self.hazards.host(address, n), ptr),
-                              CopySide(buf, False, buf.device, buf, buf.address), n, [], [out], True)
-
     def _copy_kernel_compile(self, op: CopyOp) -> Any:
         """The compile of the built-in copy kernel when ``op`` would run as a shader copy now
         and that kernel is not loaded on its device yet (None otherwise): the copy is then

@@ -20,8 +20,10 @@ operation of the calling thread from valgrind's callgrind, which a loaded machin
 each shape runs N operations, and in a second process 3N, after the same warm-up, callgrind
 counting only the operations (``--toggle-collect`` on the region ``run_once`` marks):
 (I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service; in six later runs 184k-241k) between runs
-of one tree (probably as which thread settles and frees what moves with when the waiter takes
-the GIL): use ``--repeat`` (the A/B compares each tree's lowest). The whole process's count
+of one tree: an ``await`` spins on the completion for a window it adapts in wall-clock time,
+which valgrind stretches 50x, so how often it spins (cheap) or parks (a loop wake-up) moves.
+``--spin-s 0`` (every await parks) gives a count that moved by 0.1% in three runs; else use
+``--repeat`` (the A/B compares each tree's lowest). The whole process's count
 moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
 wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
 
@@ -140,11 +142,17 @@ def hot_path(rt) -> str:
     return "-"
 
 
+def _options() -> dict:
+    """The runtime's options of a worker: ``spin_s`` from ``--spin-s`` (HOSTCOST_SPIN_S)."""
+    spin = os.environ.get("HOSTCOST_SPIN_S")
+    return {} if spin is None else {"spin_s": float(spin)}
+
+
 def measure(backend: str | None, shapes: list[str], n: int, runs: int) -> dict:
     """In this process: per shape, calls/op, best thread and process CPU us/op, wake-ups/op."""
     import aiogpu
 
-    rt = aiogpu.Runtime(backend=backend)
+    rt = aiogpu.Runtime(backend=backend, **_options())
     fns = make_shapes(rt)
     out = {"backend": rt.backend, "device": repr(rt.devices[0]), "hot": hot_path(rt),
            "aiogpu": os.path.dirname(aiogpu.__file__), "shapes": {}}
@@ -180,7 +188,7 @@ def run_once(backend: str | None, shape: str, n: int, warm: int) -> None:
     """In this process, for callgrind: the shape ``warm`` operations, then ``n``."""
     import aiogpu
 
-    rt = aiogpu.Runtime(backend=backend)
+    rt = aiogpu.Runtime(backend=backend, **_options())
     fn = make_shapes(rt)[shape]
     fn(warm)
     # The region callgrind counts (--toggle-collect=functools_reduce: the C function behind
@@ -289,6 +297,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="with --callgrind: measurements per tree and shape")
     ap.add_argument("--callgrind-dir", help="with --callgrind, one tree: keep callgrind's files there "
                     "(callgrind_annotate --inclusive=yes DIR/service.600-01)")
+    ap.add_argument("--spin-s", type=float, help="the runtime's spin_s (default: its own); 0 with --callgrind "
+                    "for a count that does not move: the adaptive spin follows the wall clock")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--once", help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=int, default=200, help=argparse.SUPPRESS)
@@ -298,6 +308,8 @@ def main() -> None:
     if bad:
         ap.error(f"unknown shapes {bad}: choose from {', '.join(ALL_SHAPES)}")
     n = a.n or (200 if a.callgrind else 2000)
+    if a.spin_s is not None:
+        os.environ["HOSTCOST_SPIN_S"] = str(a.spin_s)       # (the children inherit it)
     if a.callgrind_dir and (a.ab or not a.callgrind):
         ap.error("--callgrind-dir: with --callgrind, and without --ab (one tree's files)")
     if a.callgrind_dir:

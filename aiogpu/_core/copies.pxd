@@ -2,6 +2,7 @@
 # fields, the per-copy functions as C calls. Byte counts and addresses stay Python ints (a C
 # integer would convert True and 1.5 silently).
 cimport cython
+from aiogpu._core.hazards cimport BufferState
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
@@ -45,5 +46,8 @@ cpdef object host_address(object arr)
 cpdef host_memcpy(object dst, object src, object nbytes)
 cpdef CopySide side(object rt, object obj, object nbytes)
 cdef tuple route(CopySide d, CopySide s)
+@cython.locals(root=BufferState)
+cpdef object upload_plain(object rt, BufferState dst, object src, object host_dtypes)
+cpdef object download(object rt, BufferState buf, object out, object address, object ptr)
 @cython.locals(op=CopyOp, reads=list, writes=list)
 cpdef object submit(object rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)

@@ -175,6 +175,35 @@ def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
     return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
 
 
+def upload_plain(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> Any:
+    """``aiogpu.copy(dst, src)`` of the common case in one call: ``dst`` a Buffer (or view) of
+    ``rt``, usable; ``src`` a NumPy array (the caller tests the type) of a dtype copies
+    accepted before (``host_dtypes``), C-contiguous, of ``dst``'s byte size; the runtime open;
+    no ``after=``, no capture (the caller tests those two). None, having done nothing, for
+    anything else: the caller's general path then validates it (and names what is wrong) and
+    submits it. Raises only what the submission raises."""
+    root = dst if dst._base is None else dst._base
+    nbytes = dst.nbytes
+    if root.freed or rt.closed or src.nbytes != nbytes or not nbytes or src.dtype not in host_dtypes \
+            or not src.flags.c_contiguous:
+        return None
+    with rt.lock:
+        if rt.closed:
+            return None
+        return submit(rt, CopySide(dst, False, dst.device, dst, dst.address), side(rt, src, nbytes), nbytes, [],
+                      [dst, src])
+
+
+def download(rt: Any, buf: Any, out: Any, address: int, ptr: int) -> Any:
+    """``buf``'s bytes copied into ``out``, a new array of the pinned pool at host ``address``
+    and device pointer ``ptr`` (``Buffer.to_numpy``; under the lock, the runtime open, no
+    capture): the copy of ``copy(out, buf)`` without its validation, which holds by
+    construction."""
+    n = buf.nbytes
+    return submit(rt, CopySide(out, True, None, rt.hazards.host(address, n), ptr),
+                  CopySide(buf, False, buf.device, buf, buf.address), n, [], [out], True)
+
+
 def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: Any,
            fresh_dst: bool = False) -> Any:
     """Route and submit a validated copy (under the lock). A small host source that nothing
