@@ -170,7 +170,8 @@ def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
     device pointer (used in place), other host arrays None (staged, or the backend's
     ``_host_pointers``)."""
     if isinstance(obj, BufferState):
-        return CopySide(obj, False, obj.device, obj, obj.address)
+        buf = obj
+        return CopySide(buf, False, buf.device, buf, buf.address)
     address = host_address(obj)
     return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
 

@@ -55,6 +55,8 @@ cdef class BufferState:
     cdef public list reads
     cdef public Py_ssize_t users
     cdef public bint freed
+    # (what submissions read of any Buffer: Python ints and objects, set by memory.Buffer)
+    cdef public object device, address, nbytes, offset, typed_dtype, _shape
 
 
 cpdef state_of(obj)

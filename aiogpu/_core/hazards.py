@@ -225,9 +225,12 @@ class BufferState:
     ``reads``; ``ranges``, a Hazards by offset, once views of it are used), how many pending
     operations use it (``users``) and whether it was freed; of a view, the allocation it views
     (``_base``; None for an allocation). Typed fields, so that the per-operation code reads
-    them as C fields, compiled."""
+    them as C fields, compiled; and what submissions read of any Buffer, set by ``Buffer``:
+    its ``device``, ``address``, ``nbytes``, ``offset`` in the allocation, ``typed_dtype``
+    (None: raw bytes) and ``_shape``."""
 
-    __slots__ = ("_base", "ranges", "last_write", "reads", "users", "freed")
+    __slots__ = ("_base", "ranges", "last_write", "reads", "users", "freed",
+                 "device", "address", "nbytes", "offset", "typed_dtype", "_shape")
 
     if TYPE_CHECKING:
         _base: Any
@@ -236,6 +239,12 @@ class BufferState:
         reads: list[GPUFuture]
         users: int
         freed: bool
+        device: Any
+        address: int
+        nbytes: int
+        offset: int
+        typed_dtype: Any
+        _shape: tuple
 
 
 def state_of(obj: Any) -> Any:

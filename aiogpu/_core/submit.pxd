@@ -13,7 +13,7 @@ cdef class LaneOrder:
 cpdef object pick_lane(object device, object deps)
 
 @cython.locals(plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
-               deps=dict, shape=tuple, kreads=list, kwrites=list)
+               deps=dict, shape=tuple, kreads=list, kwrites=list, buf=BufferState)
 cpdef object launch_plain(object device, object kernel, object grid, object block, object args)
 
 @cython.locals(fut=GPUFuture, todo=list, own=Py_ssize_t)

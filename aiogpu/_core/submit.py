@@ -149,12 +149,14 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
             pointer, low, high = plan[i]
             if pointer:
                 # (BufferState's one subclass is memory.Buffer, which the core does not import)
-                if (not isinstance(value, BufferState) or value._base is not None or value.typed_dtype is not None
-                        or value.freed or value.device is not device):
+                if not isinstance(value, BufferState):
                     return None
-                values.append(value.address)
-                lengths.append(value.nbytes)
-                buffers[i] = value
+                buf = value
+                if buf._base is not None or buf.typed_dtype is not None or buf.freed or buf.device is not device:
+                    return None
+                values.append(buf.address)
+                lengths.append(buf.nbytes)
+                buffers[i] = buf
             elif low is not None:
                 if type(value) is not int or not low <= value <= high:
                     return None
