@@ -2,7 +2,9 @@
 # fields, the per-copy functions as C calls. Byte counts and addresses stay Python ints (a C
 # integer would convert True and 1.5 silently).
 cimport cython
+from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState
+from aiogpu._core.submit cimport _refused, _submitted, guarded, launch
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
@@ -52,3 +54,8 @@ cpdef object upload_plain(object rt, BufferState dst, object src, object host_dt
 cpdef object download(object rt, BufferState buf, object out, object address, object ptr)
 @cython.locals(op=CopyOp, reads=list, writes=list)
 cpdef object submit(object rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)
+
+@cython.locals(src=CopySide, dst=CopySide)
+cpdef object submit_copy(object rt, CopyOp op, dict deps)
+@cython.locals(fut=GPUFuture, waits=list, todo=list)
+cdef object _engine_copy(object rt, CopyOp op, dict deps)

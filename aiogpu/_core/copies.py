@@ -1,11 +1,14 @@
 """A copy being submitted: its record (``CopyOp``, with a ``CopySide`` per side), the
-direction rule, staging of small host sources, and the hand-over to submission.
+direction rule, staging of small host sources, and its submission.
 
-The layer above (``Runtime.copy``, ``Buffer.to_numpy``) validates and makes the two sides; here
-a copy is routed (host-to-device on the destination's engine, device-to-host, device-to-device
-and peer copies on the SOURCE device's), given its hazards and submitted through
-``submit.guarded``, the record itself being the submission callable (no closure per copy). Its
-label is built when first read (errors, traces, the future), from a small cache.
+The layer above (``Runtime.copy``, ``aiogpu.copy``, ``Buffer.to_numpy``) validates and makes
+the two sides, or hands the common upload and the download of ``to_numpy`` here whole
+(``upload_plain``, ``download``); here a copy is routed (host-to-device on the destination's
+engine, device-to-host, device-to-device and peer copies on the SOURCE device's), given its
+hazards through ``submit.guarded``, the record itself being the submission callable (no
+closure per copy), and submitted (``submit_copy``): on the backend's copy lane, else as a
+shader copy. Its label is built when first read (errors, traces, the future), from a small
+cache.
 
 Under the runtime's lock, like all of submission.
 """
@@ -14,7 +17,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from . import submit as _submit
+from .submit import _refused, _submitted, guarded, launch
+from ..errors import GPUError
 from ..kernels import copy_kernel
 from .hazards import BufferState      # (memory.Buffer's base: the core does not import memory)
 
@@ -56,7 +60,7 @@ class CopyOp:
     it has retired, host steps before it completes (``on_complete``), a bounce block the backend
     used (``staging``). ``stage``: its host source is to be copied into a pinned block at
     submission; ``staged``: it was (the caller's array is then not read after submission).
-    Calling it with the resolved dependencies submits it (``submit.copy``)."""
+    Calling it with the resolved dependencies submits it (``submit_copy``)."""
 
     __slots__ = ("rt", "dst", "src", "nbytes", "direction", "device", "keep", "cleanup", "on_complete",
                  "staging", "staged", "stage", "_label")
@@ -111,7 +115,7 @@ class CopyOp:
         self.staged = True
 
     def __call__(self, deps: dict) -> Any:
-        return _submit.copy(self.rt, self, deps)
+        return submit_copy(self.rt, self, deps)
 
 
 def _where(side: CopySide) -> str:
@@ -228,4 +232,59 @@ def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: An
     compile = None
     if not (rt.copy_engines and rt.engines_take_every_copy) and copy_kernel not in device._kernels:
         compile = rt._copy_kernel_compile(op)
-    return _submit.guarded(rt, device, op.label, reads, writes, after, op, deferred_rw=rw, compile=compile)
+    return guarded(rt, device, op.label, reads, writes, after, op, compile, rw)
+
+
+def submit_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
+    """Submit ``op`` (validated, its route decided) after ``deps`` (resolved, none failed):
+    its small host source staged, or host pointers from the backend where a host side has none
+    yet, then an engine when one can take it, else a shader copy (the built-in copy kernel on a
+    compute lane). What the host sides locked, or the pinned blocks staged, is released here if
+    submitting raises."""
+    try:
+        if op.stage:
+            op.stage_source()
+        src, dst = op.src, op.dst
+        if (src.host and src.ptr is None) or (dst.host and dst.ptr is None):
+            rt._host_pointers(op)
+        fut = None
+        if rt.copy_engines or not rt._shader_can_copy(op):
+            fut = _engine_copy(rt, op, deps)
+        if fut is None:
+            dev, n = op.device, op.nbytes
+            fut = launch(rt, dev, dev._loaded_kernel(copy_kernel), op.label + " (shader)", dev._copy_grid(n),
+                         (256,), [dst.ptr, src.ptr, n], [n, n], deps, op.reads, op.writes(),
+                         op.keep, op.cleanup, op)
+            rt.shader_copies += 1
+    except BaseException:
+        for fn in op.cleanup:
+            fn()
+        raise
+    fut.kind, fut.nbytes = "copy", op.nbytes
+    return fut
+
+
+def _engine_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
+    """``op`` on the copy lane the backend gives it; None when none takes it."""
+    lane = rt._copy_lane(op, deps)
+    if lane is None:
+        return None
+    hub = rt.hub
+    fut = hub.new_future(op.label)
+    fut.device, fut.kind, fut.nbytes = op.device, "copy", op.nbytes
+    waits = [d for d in deps if not d.retired] if deps else []
+    todo = op.cleanup
+    try:
+        keys = rt._encode_copy(fut, op, lane, waits, todo)
+    except GPUError as exc:
+        op.cleanup = []                      # (run by _refused: not again by ``submit_copy``)
+        return _refused(rt, fut, exc, todo, op.writes())
+    except BaseException:
+        hub.discard(fut)
+        raise
+    if keys is None:                         # refused after all: a shader copies it
+        hub.discard(fut)
+        return None
+    _submitted(rt, fut, deps, waits, keys, op.reads, op.writes(), op.keep, todo)
+    return fut
+

@@ -8,6 +8,10 @@ cdef class LaneOrder:
     cdef public Py_ssize_t next
     cdef public bint balances_load
 
+@cython.locals(err=object, resolved=object, blockers=object)
+cpdef object guarded(object rt, object device, object label, object reads, object writes, object after,
+                     object submit, object compile=*, object deferred_rw=*)
+
 @cython.locals(fut=GPUFuture, order=LaneOrder, lanes=list, i=Py_ssize_t, n=Py_ssize_t, start=Py_ssize_t,
                load=object)
 cpdef object pick_lane(object device, object deps)
@@ -24,6 +28,8 @@ cpdef object launch(object rt, object device, object loaded, object label, objec
 @cython.locals(dep=GPUFuture, d=GPUFuture, host_deps=list)
 cpdef _submitted(object rt, GPUFuture fut, dict deps, object waits, object keys, object reads, object writes,
                  object keep, list cleanup)
+
+cpdef object _refused(object rt, GPUFuture fut, object exc, list cleanup, object writes)
 
 cdef class _Held:
     cdef object ranges

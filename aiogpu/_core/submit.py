@@ -26,7 +26,7 @@ _NO_WAITS: tuple = ()
 
 
 def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: list,
-            submit: Callable[[dict], GPUFuture], *, compile: Any = None,
+            submit: Callable[[dict], GPUFuture], compile: Any = None,
             deferred_rw: tuple[list, list] | None = None) -> GPUFuture:
     """The dependencies of an operation (hazards on ``reads``/``writes`` plus ``after``);
     a failed input or a broken device fails it without submitting anything, else
@@ -245,59 +245,6 @@ def fill(rt: Any, device: Any, buf: Any, word: int, deps: dict) -> GPUFuture:
 def _encode_fill(device: Any, buf: Any, word: int, fut: GPUFuture, lane: Any, waits: list,
                  cleanup: list) -> Iterable[int]:
     return device._encode_fill(fut, lane, buf, word, waits, cleanup)
-
-
-def copy(rt: Any, op: Any, deps: dict) -> GPUFuture:
-    """Copy ``op`` (a ``copies.CopyOp``, validated, its route decided): its small host source
-    staged, or host pointers from the backend where a host side has none yet, then an engine
-    when one can take it, else a shader copy (the built-in copy kernel on a compute lane). What
-    the host sides locked, or the pinned blocks staged, is released here if submitting raises."""
-    try:
-        if op.stage:
-            op.stage_source()
-        src, dst = op.src, op.dst
-        if (src.host and src.ptr is None) or (dst.host and dst.ptr is None):
-            rt._host_pointers(op)
-        fut = None
-        if rt.copy_engines or not rt._shader_can_copy(op):
-            fut = _engine_copy(rt, op, deps)
-        if fut is None:
-            dev, n = op.device, op.nbytes
-            fut = launch(rt, dev, dev._loaded_kernel(copy_kernel), op.label + " (shader)", dev._copy_grid(n),
-                         (256,), [dst.ptr, src.ptr, n], [n, n], deps, op.reads, op.writes(),
-                         op.keep, op.cleanup, op)
-            rt.shader_copies += 1
-    except BaseException:
-        for fn in op.cleanup:
-            fn()
-        raise
-    fut.kind, fut.nbytes = "copy", op.nbytes
-    return fut
-
-
-def _engine_copy(rt: Any, op: Any, deps: dict) -> GPUFuture | None:
-    """``op`` on the copy lane the backend gives it; None when none takes it."""
-    lane = rt._copy_lane(op, deps)
-    if lane is None:
-        return None
-    hub = rt.hub
-    fut = hub.new_future(op.label)
-    fut.device, fut.kind, fut.nbytes = op.device, "copy", op.nbytes
-    waits = [d for d in deps if not d.retired] if deps else []
-    todo = op.cleanup
-    try:
-        keys = rt._encode_copy(fut, op, lane, waits, todo)
-    except GPUError as exc:
-        op.cleanup = []                      # (run by _refused: not again by ``copy``)
-        return _refused(rt, fut, exc, todo, op.writes())
-    except BaseException:
-        hub.discard(fut)
-        raise
-    if keys is None:                         # refused after all: a shader copies it
-        hub.discard(fut)
-        return None
-    _submitted(rt, fut, deps, waits, keys, op.reads, op.writes(), op.keep, todo)
-    return fut
 
 
 def encoded(rt: Any, device: Any, lane: Any, label: str, kind: str, deps: dict, reads: list, writes: list,
