@@ -361,10 +361,16 @@ class Device(DeviceHooks):
         """
         if not after and _capture._active.get() is None:
             # The common case in one call (``submit.launch_plain``: a shape seen before, plain
-            # arguments); anything else, None from it, takes the general path below.
+            # arguments); anything else, None from it, takes the general path.
             fut = _submit.launch_plain(self, kernel, grid, block, args)
             if fut is not None:
                 return fut
+        return self._launch_general(kernel, grid, block, args, after)
+
+    def _launch_general(self, kernel: Kernel, grid: Any, block: Any, args: Sequence[Any], after: Any) -> GPUFuture[None]:
+        """``launch`` of anything but its common case: validated here, then submitted. (A
+        function of its own: the closures below make cells of its locals at every call, which
+        the common case does not pay.)"""
         rt = self.runtime
         grid, block = self._launch_shape(kernel, grid, block)
         values, lengths, buffers = check_args(self, kernel, args)
