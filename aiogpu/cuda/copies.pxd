@@ -2,7 +2,7 @@
 cimport cython
 from aiogpu._core.copies cimport CopyOp, CopySide
 from aiogpu._core.futures cimport GPUFuture
-from aiogpu.cuda.encode cimport Lane, wait_on_device
+from aiogpu.cuda.encode cimport Lane, enter_lane, lane_completes
 
 @cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint)
 cpdef object encode_copy(object self, object fut, CopyOp op, object lane, object waits, list cleanup)

@@ -9,7 +9,7 @@ import functools
 from typing import Any, Sequence
 
 from .._core.copies import CopyOp
-from .encode import Lane, _generation, _tls, wait_on_device
+from .encode import Lane, enter_lane, lane_completes
 
 _driver: Any = None          # aiogpu.cuda.driver, once a copy is encoded
 
@@ -54,25 +54,15 @@ def encode_copy(self: Any, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cle
 def memcpy_on_lane(runtime: Any, fut: Any, lane: Lane, dptr: int, sptr: int, nbytes: int, waits: Sequence,
                    cleanup: list, on_complete: Any, staging: Any) -> None:
     """A copy that is one ``HotPath.memcpy`` (no patches, no other library's streams, no
-    unmapped peer) on ``lane`` after ``waits``: ``CudaRuntime._encode_on_lane`` of it with the
-    lane's completion inlined where the memcpy wrote the word (as ``encode.launch_on_lane``
-    for a launch). Raises CudaError where a call failed (nothing then completes ``fut``)."""
-    device = lane.device
-    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):   # (make_current's test)
-        device.make_current()
-    code = wait_on_device(lane, waits) if waits else 0
+    unmapped peer) on ``lane`` after ``waits``: ``CudaRuntime._encode_on_lane`` of it in
+    compiled code, as ``encode.launch_on_lane`` for a launch (the same lane entry and
+    completion). Raises CudaError where a call failed (nothing then completes ``fut``)."""
+    code = enter_lane(lane.device, lane, waits)
     word = lane.fused_word
     ticket = lane.ticket + 1
     if not code:
         code = lane.hot.memcpy(dptr, sptr, nbytes, lane.sh, word, ticket if word else 0)
-    if code or not word:
-        runtime._completed_on_lane(fut, lane, cleanup, code, word)
-    else:
-        lane.ticket = ticket
-        fut.lane = lane
-        fut.ticket = ticket
-        fut.queue = lane.name
-        fut.packet = ticket
+    lane_completes(runtime, fut, lane, cleanup, code, word, ticket)
     fut.on_complete, fut.staging = on_complete, staging
     if nbytes:
         fut.nbytes = nbytes

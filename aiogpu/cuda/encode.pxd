@@ -48,3 +48,8 @@ cpdef long long wait_on_device(Lane lane, object waits) except? -1
 @cython.locals(code=cython.longlong, ticket=cython.longlong)
 cpdef launch_on_lane(object device, GPUFuture fut, Lane lane, LoadedCudaKernel loaded, object grid, object block,
                      object values, object waits, list cleanup)
+
+cpdef long long enter_lane(object device, Lane lane, object waits) except? -1
+
+cpdef lane_completes(object runtime, GPUFuture fut, Lane lane, list cleanup, long long code, object word,
+                     long long ticket)

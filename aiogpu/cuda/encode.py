@@ -258,16 +258,32 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
         loaded.grid, loaded.block = grid, block
     if loaded.offsets:
         loaded._pack(loaded._block, 0, *values)
-    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):   # (make_current's test)
-        device.make_current()
-    code = wait_on_device(lane, waits) if waits else 0
+    code = enter_lane(device, lane, waits)
     word = lane.fused_word
     ticket = lane.ticket + 1
     if not code:
         code = lane.hot.launch(loaded.handle, loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz, 0,
                                lane.sh, loaded.params, word, ticket if word else 0)
+    lane_completes(device.runtime, fut, lane, cleanup, code, word, ticket)
+
+
+def enter_lane(device: Any, lane: Lane, waits: Any) -> int:
+    """Before a launch or copy on ``lane`` of ``device``: the device's context made current on
+    this thread (``driver.make_current``'s test inlined), then the device-side ``waits``.
+    Returns their CUresult (0: queued)."""
+    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):
+        device.make_current()
+    return wait_on_device(lane, waits) if waits else 0
+
+
+def lane_completes(runtime: Any, fut: Any, lane: Lane, cleanup: list, code: int, word: Any, ticket: int) -> None:
+    """After one launch or memcpy on ``lane`` returned ``code`` (``word``: the lane's word it
+    was given, to write ``ticket`` to after its work): ``fut`` becomes the lane's ``ticket``
+    at once when the call wrote the word; else ``CudaRuntime._completed_on_lane`` records the
+    event or writes the word, or raises CudaError for a failed call (nothing then completes
+    ``fut``)."""
     if code or not word:
-        device.runtime._completed_on_lane(fut, lane, cleanup, code, word)
+        runtime._completed_on_lane(fut, lane, cleanup, code, word)
         return
     lane.ticket = ticket
     fut.lane = lane
