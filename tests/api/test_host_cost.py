@@ -345,9 +345,10 @@ rt = aiogpu.Runtime("cuda")
 d0 = rt.devices[0]
 host = np.ones(256, np.float32)
 pkg = os.path.dirname(aiogpu.__file__) + os.sep
-# The core's modules and the other compiled ones (hostpool, the CUDA copy encode) run compiled
+# The core's modules and the other compiled ones (hostpool, the CUDA encodes) run compiled
 # in a built tree and interpreted elsewhere: counted are the frames of every other aiogpu module.
-skip = (pkg + "_core" + os.sep, pkg + "hostpool.py", pkg + os.path.join("cuda", "copies.py"))
+skip = (pkg + "_core" + os.sep, pkg + "hostpool.py", pkg + os.path.join("cuda", "copies.py"),
+        pkg + os.path.join("cuda", "encode.py"))
 calls = []
 def prof(frame, event, arg):
     name = frame.f_code.co_filename
