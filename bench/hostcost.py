@@ -142,6 +142,16 @@ def hot_path(rt) -> str:
     return "-"
 
 
+def core_state() -> str:
+    """Whether aiogpu's core runs compiled here ("compiled", "interpreted", or what is mixed):
+    a stale build runs interpreted, so an A/B says which one it measured."""
+    try:
+        from aiogpu._core import summary
+    except ImportError:                      # (a tree from before the compiled core)
+        return "no compiled core"
+    return summary().split(" (")[0].removeprefix("core: ")
+
+
 def _options() -> dict:
     """The runtime's options of a worker: ``spin_s`` from ``--spin-s`` (HOSTCOST_SPIN_S)."""
     spin = os.environ.get("HOSTCOST_SPIN_S")
@@ -154,7 +164,7 @@ def measure(backend: str | None, shapes: list[str], n: int, runs: int) -> dict:
 
     rt = aiogpu.Runtime(backend=backend, **_options())
     fns = make_shapes(rt)
-    out = {"backend": rt.backend, "device": repr(rt.devices[0]), "hot": hot_path(rt),
+    out = {"backend": rt.backend, "device": repr(rt.devices[0]), "hot": hot_path(rt), "core": core_state(),
            "aiogpu": os.path.dirname(aiogpu.__file__), "shapes": {}}
     count = [0]
 
@@ -195,12 +205,13 @@ def run_once(backend: str | None, shape: str, n: int, warm: int) -> None:
     # functools.reduce, which nothing on aiogpu's paths calls): the n operations, not the
     # interpreter's start, the imports or the warm-up.
     functools.reduce(lambda _a, _b: fn(n), (0, 0))
-    print(json.dumps({"hot": hot_path(rt)}))
+    print(json.dumps({"hot": hot_path(rt), "core": core_state()}))
     rt.close()
 
 
 def print_table(res: dict) -> None:
-    print(f"host cost per operation on {res['backend']} ({res['device']}), hot path: {res['hot']}")
+    print(f"host cost per operation on {res['backend']} ({res['device']}), hot path: {res['hot']}, "
+          f"core: {res['core']}")
     for name, r in res["shapes"].items():
         print(f"  {name:8s} calls/op {r['calls']:7.1f}   best CPU us/op thread {r['thread_us']:8.2f}"
               f"  process {r['process_us']:8.2f}   waiter wake-ups/op {r['wakeups']:5.2f}")
@@ -271,7 +282,7 @@ def callgrind_instructions(tree: str, hot: str | None, shape: str, n: int,
                             wrap=["valgrind", "--tool=callgrind", "--separate-threads=yes",
                                   "--collect-atstart=no", "--toggle-collect=functools_reduce",
                                   f"--callgrind-out-file={out_file}"])
-            hot_name = res["hot"]
+            hot_name = f"{res['hot'].split(' ')[0]}, core {res['core']}"
             path = out_file + "-01"                       # one file per thread: -01 is the main one
             if not os.path.exists(path):
                 sys.exit(f"hostcost: callgrind wrote no {path}")
@@ -344,7 +355,7 @@ def main() -> None:
                 for label, tree in trees:
                     ipo, hot = callgrind_instructions(tree, a.hot, shape, n, a.callgrind_dir)
                     per.setdefault((shape, label), []).append(ipo)
-                    print(f"  {shape:8s} {label:3s} {ipo:10,.0f}   hot path {hot.split(' ')[0]}   ({tree})",
+                    print(f"  {shape:8s} {label:3s} {ipo:10,.0f}   hot path {hot}   ({tree})",
                           flush=True)
             if a.ab:
                 old, new = min(per[(shape, "old")]), min(per[(shape, "new")])
@@ -356,7 +367,7 @@ def main() -> None:
     for r in range(rounds):
         for label, tree in trees:
             res = run_child(tree, a.hot, ["--shapes", ",".join(shapes), "--n", str(n), "--runs", str(a.runs)])
-            print(f"[round {r + 1} {label}] {tree}: hot path {res['hot']}", flush=True)
+            print(f"[round {r + 1} {label}] {tree}: hot path {res['hot']}, core {res['core']}", flush=True)
             keep = best.setdefault(label, res)
             for s, v in res["shapes"].items():
                 k = keep["shapes"][s]

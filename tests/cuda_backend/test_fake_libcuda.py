@@ -257,8 +257,10 @@ def test_the_fakes_controls_hold_on_the_c_path(lib_dir):
 @on_fake_cuda
 def test_hostcost_runs_both_trees_of_an_ab_on_the_c_path(lib_dir):
     """``bench/hostcost.py --ab OLD_TREE`` (here this tree twice) measures each tree in a child
-    on the fake driver with the fake library, both on the C hot path, and prints both tables
-    and their ratio."""
+    on the fake driver with the fake library, both on the C hot path, says which core each
+    ran (a stale build runs interpreted), and prints both tables and their ratio."""
+    from aiogpu._core import summary
+    core = summary().split(" (")[0].removeprefix("core: ")        # (the children inherit the mode)
     import subprocess
     import sys
     env = {k: v for k, v in os.environ.items() if k not in ("AIOGPU_CUDA_HOT", "LD_LIBRARY_PATH")}
@@ -269,6 +271,7 @@ def test_hostcost_runs_both_trees_of_an_ab_on_the_c_path(lib_dir):
     lines = proc.stdout.splitlines()
     rounds = [line for line in lines if line.startswith("[round 1 ")]
     assert len(rounds) == 2 and all("hot path c " in line for line in rounds), proc.stdout
+    assert all(line.endswith(f", core {core}") for line in rounds), (core, proc.stdout)
     assert [line.split(":")[0] for line in lines if line.startswith(("old:", "new:"))] == ["old", "new"], proc.stdout
     ratios = lines[lines.index("new/old (best CPU per operation):") + 1:]
     assert [line.split()[0] for line in ratios] == ["submit", "service"], proc.stdout
