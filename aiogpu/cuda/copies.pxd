@@ -4,7 +4,7 @@ from aiogpu._core.copies cimport CopyOp, CopySide
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu.cuda.encode cimport Lane, enter_lane, lane_completes
 
-@cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint)
+@cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint, mapped=bint)
 cpdef object encode_copy(object self, object fut, CopyOp op, object lane, object waits, list cleanup)
 
 @cython.locals(code=cython.longlong, ticket=cython.longlong)

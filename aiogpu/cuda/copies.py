@@ -31,13 +31,14 @@ def encode_copy(self: Any, fut: Any, op: CopyOp, lane: Any, waits: Sequence, cle
     patched = self._patches        # (_take_patches inlined: this runs per copy)
     fusable = False
     foreign = dst.stream is not None or src.stream is not None     # (another library's array)
+    mapped = op.direction != "peer" or dst.device.index in src.device.peers     # (_shader_can_copy)
     if patched is not None and patched[0] is op:
         self._patches = None
         copy = self._with_patches(op, functools.partial(_hot().memcpy, dptr, sptr, nbytes), patched[1])
-    elif not foreign and (op.direction != "peer" or dst.device.index in src.device.peers):
+    elif mapped and not foreign:
         memcpy_on_lane(self, fut, lane, dptr, sptr, nbytes, waits, cleanup, op.on_complete, op.staging)
         return ()
-    elif op.direction != "peer" or dst.device.index in src.device.peers:     # (_shader_can_copy)
+    elif mapped:
         # (fusable: passes the word on; a partial of the hot path's memcpy, not a closure:
         # calling it runs no Python frame)
         copy, fusable = functools.partial(_hot().memcpy, dptr, sptr, nbytes), True
