@@ -357,11 +357,9 @@ class Runtime(RuntimeHooks):
         if type(dst) is Buffer and type(src) is np.ndarray:
             # The common case, an upload from an array, when every check of the general path
             # below passes (any failure: that path raises its error, in its order).
-            root = dst if dst._base is None else dst._base
-            if not root.freed and dst.device.runtime is self and not self.closed \
-                    and src.dtype in _HOST_DTYPES and src.flags.c_contiguous and src.nbytes \
-                    and dst.nbytes == src.nbytes:
-                return dst.nbytes
+            nbytes = _copies.plain_upload_bytes(self, dst, src, _HOST_DTYPES)
+            if nbytes:
+                return nbytes
         sizes = []
         for name, side in (("dst", dst), ("src", src)):
             if type(side) is Buffer:        # (Buffers have no subclasses: a type test is enough)

@@ -180,23 +180,32 @@ def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
     return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
 
 
-def upload_plain(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> Any:
-    """``aiogpu.copy(dst, src)`` of the common case in one call: ``dst`` a Buffer (or view) of
-    ``rt``, usable; ``src`` a NumPy array (the caller tests the type) of a dtype copies
-    accepted before (``host_dtypes``), C-contiguous, of ``dst``'s byte size; the runtime open;
-    no ``after=``, no capture (the caller tests those two). None, having done nothing, for
-    anything else: the caller's general path then validates it (and names what is wrong) and
-    submits it. Raises only what the submission raises."""
+def plain_upload_bytes(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> int:
+    """The byte count of an upload into ``dst``, a Buffer (or view), from ``src``, a NumPy
+    array (the caller tests both types), when it is the common case whose every check passes:
+    ``dst`` of ``rt``, usable; ``src`` of a dtype copies accepted before (``host_dtypes``),
+    C-contiguous, of ``dst``'s byte size; ``rt`` open. Else 0 (the general validation then
+    names what is wrong)."""
     root = dst if dst._base is None else dst._base
     nbytes = dst.nbytes
-    if root.freed or rt.closed or src.nbytes != nbytes or not nbytes or src.dtype not in host_dtypes \
-            or not src.flags.c_contiguous:
+    if root.freed or dst.device.runtime is not rt or rt.closed or src.nbytes != nbytes or not nbytes \
+            or src.dtype not in host_dtypes or not src.flags.c_contiguous:
+        return 0
+    return nbytes
+
+
+def upload_plain(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> Any:
+    """``aiogpu.copy(dst, src)`` of the common case (``plain_upload_bytes``) in one call, with
+    no ``after=`` and no capture (the caller tests those two). None, having done nothing, for
+    anything else: the caller's general path then validates it (and names what is wrong) and
+    submits it. Raises only what the submission raises."""
+    nbytes = plain_upload_bytes(rt, dst, src, host_dtypes)
+    if not nbytes:
         return None
     with rt.lock:
         if rt.closed:
             return None
-        return submit(rt, CopySide(dst, False, dst.device, dst, dst.address), side(rt, src, nbytes), nbytes, [],
-                      [dst, src])
+        return submit(rt, side(rt, dst, nbytes), side(rt, src, nbytes), nbytes, [], [dst, src])
 
 
 def download(rt: Any, buf: Any, out: Any, address: int, ptr: int) -> Any:
@@ -205,8 +214,8 @@ def download(rt: Any, buf: Any, out: Any, address: int, ptr: int) -> Any:
     capture): the copy of ``copy(out, buf)`` without its validation, which holds by
     construction."""
     n = buf.nbytes
-    return submit(rt, CopySide(out, True, None, rt.hazards.host(address, n), ptr),
-                  CopySide(buf, False, buf.device, buf, buf.address), n, [], [out], True)
+    return submit(rt, CopySide(out, True, None, rt.hazards.host(address, n), ptr), side(rt, buf, n), n, [], [out],
+                  True)
 
 
 def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: Any,
