@@ -9,6 +9,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +119,15 @@ def _cupy_with_cuda() -> bool:
 CUPY_CUDA = _cupy_with_cuda()
 needs_torch = pytest.mark.skipif(not TORCH_CUDA, reason=f"needs the CUDA backend and a CUDA build of torch ({CUDA_WHY})")
 needs_cupy = pytest.mark.skipif(not CUPY_CUDA, reason=f"needs the CUDA backend and CuPy with a GPU ({CUDA_WHY})")
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    """Whether ``predicate()`` holds within ``timeout`` s (polled): for what the waiter thread
+    does shortly after a future settles (retirement, releases)."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.002)
+    return predicate()
 
 
 def wait_for_baseline(rt: aiogpu.Runtime, timeout: float = 5.0) -> dict:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import aiogpu
+from backends import wait_until
 from gpu_kernels import Gate, add_const_n, sleep_ms
 
 
@@ -239,16 +240,6 @@ def test_capture_orders_copies_of_overlapping_host_arrays(any_rt):
 
 
 # -- item 22: a rejected replay leaves no ordering state behind ----------------------------------
-def _pending_retired(rt, timeout: float = 10.0) -> bool:
-    """Whether ``rt`` reaches nothing pending within ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while rt.stats()["pending"]:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
-
-
 def test_rejected_replays_leave_no_ordering_state(make_runtime):
     from gpu_kernels import fail_if
     rt = make_runtime(gpus=1)
@@ -262,7 +253,7 @@ def test_rejected_replays_leave_no_ordering_state(make_runtime):
     assert exe.launch().wait(20)
     # The waiter retires a replay just after settling its future: start from nothing pending.
     # (Not wait_for_baseline: the executables keep their host arrays locked while they live.)
-    assert _pending_retired(rt)
+    assert wait_until(lambda: rt.stats()["pending"] == 0)
     # Rejected as bad input: a buffer it uses was freed.
     x.free()
     with pytest.raises(ValueError, match="freed"):
@@ -275,7 +266,7 @@ def test_rejected_replays_leave_no_ordering_state(make_runtime):
     assert d0.launch(fail_if, grid=(1,), block=(1,), args=(a, 1)).wait(20)
     replay = exe2.launch()
     assert replay.wait(20) and isinstance(replay.exception(), aiogpu.GPUError)
-    assert _pending_retired(rt)
+    assert wait_until(lambda: rt.stats()["pending"] == 0)
     stats = rt.stats()
     assert stats["host_ranges"] == 0 and stats["pending"] == 0 and stats["signals_in_use"] == 0
     del exe, exe2                    # (executables keep their host arrays locked while they live)

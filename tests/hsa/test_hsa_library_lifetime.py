@@ -14,12 +14,12 @@ import gc
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 
 import aiogpu
+from backends import wait_until
 from aiogpu.hsa_bindings import loader
 from aiogpu.hsa_bindings.emulator import EmulatedLibrary
 from tests import gpu_kernels
@@ -41,13 +41,6 @@ def share_library(monkeypatch, backend: str = "emulator", gpus: int = 2) -> Emul
     else:
         monkeypatch.setattr(loader, "try_real", lambda: (make(), "one library per process"))
     return impl
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return predicate()
 
 
 async def round_trip(rt) -> None:
@@ -146,6 +139,7 @@ def test_collected_runtimes_leave_no_dangling_handler():
     script = textwrap.dedent("""
         import gc, sys
         import pytest
+        sys.path.insert(0, "tests")          # (the shared helpers the module imports: backends)
         from tests.hsa.test_hsa_library_lifetime import fault_on, share_library
         import aiogpu
 
