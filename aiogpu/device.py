@@ -24,6 +24,7 @@ from .errors import OutOfMemoryError
 from .futures import GPUFuture
 from .kernels import Kernel, fill_kernel
 from .memory import BLOCK, SMALL_LIMIT, Buffer, DeviceMemory, round_up
+from .memory import alloc_plain as _alloc_plain
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -230,6 +231,9 @@ class Device(DeviceHooks):
         or less, OutOfMemoryError (``requested``, ``free``) when the device has no room (for a
         size beyond ``memory_size`` before any driver call), RuntimeClosedError after
         ``close()``."""
+        buf = _alloc_plain(self, nbytes)     # (the common case, in one compiled call)
+        if buf is not None:
+            return buf
         if type(nbytes) is not int:
             if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
                 raise TypeError(f"alloc takes a byte count, got {nbytes!r}")

@@ -46,3 +46,15 @@ cdef class DeviceMemory:
     cpdef _aligned(self, size)
     cpdef _from_driver(self, size)
     cpdef _release(self, addr)
+
+
+# Buffer's per-allocation steps as C functions over its BufferState fields.
+from aiogpu._core.hazards cimport BufferState
+
+cdef _init_state(BufferState s, object device, object address, object nbytes)
+
+@cython.locals(s=BufferState, memory=DeviceMemory)
+cpdef _free(object buf)
+
+@cython.locals(memory=DeviceMemory)
+cpdef object alloc_plain(object device, object nbytes)

@@ -353,6 +353,58 @@ def _shape(shape: Any, itemsize: int, room: int) -> tuple[int, ...]:
     return out
 
 
+def _init_state(s: BufferState, device: Any, address: int, nbytes: int) -> None:
+    """A new allocation's core fields (``Buffer.__init__``): whole, unused, unordered."""
+    s.device = device
+    s.address = address
+    s.nbytes = nbytes
+    s._base = None                 # the allocation a view views (see ``Buffer.root``)
+    s.offset = 0                   # byte offset from root.address
+    s.typed_dtype = None           # None: raw bytes (any pointer argument)
+    s._shape = (nbytes,)
+    s.users = 0                    # pending operations that use it
+    s.freed = False
+    s.last_write = None            # ordering state, see _core/hazards.py
+    s.reads = []
+    s.ranges = None                # ordering state by byte range, once views are used
+
+
+def _free(buf: Any) -> None:
+    """``Buffer.free`` (its fields read as C fields where this module is compiled)."""
+    s = buf
+    if s._base is not None:
+        raise TypeError(f"{buf!r} is a view; free the buffer it views (its .base)")
+    # No lock: ``users`` only drops to zero under the lock, in ``_unuse``, which gives the
+    # memory back itself once ``freed`` is set; ``_give`` makes the two racing callers one.
+    if s.freed:
+        return
+    s.freed = True
+    if s.users == 0:
+        if buf.__dict__.pop("_owned", None):      # (``Buffer._give``, written out)
+            buf._release(s.address)
+        memory = s.device.memory
+        if memory.returned:     # a large block (or a full cache): back now, under the lock
+            with s.device.runtime.lock:
+                memory.drain()
+
+
+def alloc_plain(device: Any, nbytes: Any) -> "Buffer | None":
+    """``Device.alloc`` of the common case in one call: a positive int no larger than
+    ``SMALL_LIMIT`` whose size class has a cached piece (``DeviceMemory.take``), the runtime
+    open, allocations not tracked. None, having done nothing, for anything else: the caller's
+    general path then validates (and names what is wrong) and allocates."""
+    if type(nbytes) is not int or nbytes <= 0 or nbytes > SMALL_LIMIT:
+        return None
+    rt = device.runtime
+    if rt.closed or rt.track_allocations:
+        return None
+    memory = device.memory
+    address = memory.take(nbytes)
+    if address is None:
+        return None
+    return Buffer(device, address, nbytes, memory.give_back)
+
+
 class Buffer(BufferState):
     """``nbytes`` of memory on one device, or a view of part of such memory.
 
@@ -378,18 +430,9 @@ class Buffer(BufferState):
     allocated_at: Any = None     # (a class default: set per buffer only while tracking)
 
     def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
-        self.device = device
-        self.address = address
-        self.nbytes = nbytes
-        self._base: Buffer | None = None   # the allocation a view views (see ``root``)
-        self.offset = 0                # byte offset from root.address
-        self.typed_dtype: np.dtype | None = None   # None: raw bytes (any pointer argument)
-        self._shape: tuple[int, ...] = (nbytes,)
-        self.users = 0                 # pending operations that use it
-        self.freed = False
-        self.last_write: Any = None    # ordering state, see ordering.py
-        self.reads: list = []
-        self.ranges: Any = None        # ordering state by byte range, once views are used
+        # The core's fields (``BufferState``: users, ordering state, what submissions read)
+        # set as C fields where this module is compiled: this runs per allocation.
+        _init_state(self, device, address, nbytes)
         self._release = release        # gives the memory back (any thread, never blocks)
         # Present while the memory is this buffer's: ``_give`` pops it, exactly once, whichever
         # of free(), the last user's retirement (waiter thread) and __del__ gets there first.
@@ -525,19 +568,7 @@ class Buffer(BufferState):
     def free(self) -> None:
         """Give the memory back once no pending GPU work uses it; the buffer, and every view
         of it, is unusable after. TypeError on a view (it owns no memory: free its ``base``)."""
-        if self._base is not None:
-            raise TypeError(f"{self!r} is a view; free the buffer it views (its .base)")
-        # No lock: ``users`` only drops to zero under the lock, in ``_unuse``, which gives the
-        # memory back itself once ``freed`` is set; ``_give`` makes the two racing callers one.
-        if self.freed:
-            return
-        self.freed = True
-        if self.users == 0:
-            self._give()
-            memory = self.device.memory
-            if memory.returned:     # a large block (or a full cache): back now, under the lock
-                with self.device.runtime.lock:
-                    memory.drain()
+        _free(self)
 
     def _unuse(self) -> None:
         """One operation using this allocation retired (under the runtime lock)."""
