@@ -19,6 +19,7 @@ import numpy as np
 from . import capture as _capture
 from . import deferred, ordering
 from ._core import submit as _submit
+from ._core.state import DeviceState
 from .backend import DeviceHooks
 from .errors import OutOfMemoryError
 from .futures import GPUFuture
@@ -180,7 +181,7 @@ def _foreign_parts(kernel: Kernel, buffers: dict, capturing: bool) -> tuple[list
     return keep, waits
 
 
-class Device(DeviceHooks):
+class Device(DeviceState, DeviceHooks):
     """One GPU: ``alloc`` buffers, ``launch`` kernels. Copies go through ``aiogpu.copy``.
 
     ``name`` is ``gpu<index>``, ``isa`` its architecture (``gfx90a``, ``sm_90``, ...). Work runs

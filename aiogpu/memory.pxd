@@ -50,11 +50,12 @@ cdef class DeviceMemory:
 
 # Buffer's per-allocation steps as C functions over its BufferState fields.
 from aiogpu._core.hazards cimport BufferState
+from aiogpu._core.state cimport DeviceState, RuntimeState
 
 cdef _init_state(BufferState s, object device, object address, object nbytes)
 
 @cython.locals(s=BufferState, memory=DeviceMemory)
 cpdef _free(object buf)
 
-@cython.locals(memory=DeviceMemory)
-cpdef object alloc_plain(object device, object nbytes)
+@cython.locals(rt=RuntimeState, memory=DeviceMemory)
+cpdef object alloc_plain(DeviceState device, object nbytes)

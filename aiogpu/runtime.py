@@ -34,6 +34,7 @@ from ._core import hazards
 from ._core import deferred
 from ._core import submit as _submit
 from ._core.copies import STAGE_LIMIT, CopyOp, CopySide  # noqa: F401 - the copy record, for backends
+from ._core.state import RuntimeState
 from .backend import RuntimeHooks
 from .device import Device
 from .errors import BackendUnavailable, BlockingCallError, GPUError, InvalidStateError, NotOnCudaError, RuntimeClosedError
@@ -165,7 +166,7 @@ def cuda_available() -> tuple[bool, str]:
         return False, exc.reason
 
 
-class Runtime(RuntimeHooks):
+class Runtime(RuntimeState, RuntimeHooks):
     """A GPU runtime over one backend. ``close()`` waits for submitted work, then frees all.
 
     ``Runtime(backend=None, **options)`` returns an instance of the chosen backend's subclass.
@@ -189,7 +190,7 @@ class Runtime(RuntimeHooks):
         else:
             name, reason = cls._default_choice(requested)
         cls.check_options(name, options)
-        self = object.__new__(cls)
+        self = super().__new__(cls)
         self._chosen = (name, reason)
         return self
 

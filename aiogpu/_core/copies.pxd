@@ -4,6 +4,7 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState
+from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.submit cimport _refused, _submitted, guarded, launch
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
@@ -17,7 +18,7 @@ cdef class CopySide:
 
 
 cdef class CopyOp:
-    cdef public object rt
+    cdef public RuntimeState rt
     cdef public CopySide dst, src
     cdef public object nbytes, direction, device, keep
     cdef public list cleanup
@@ -47,16 +48,16 @@ cpdef bint unwritten(object state)
 cpdef object host_address(object arr)
 cpdef host_memcpy(object dst, object src, object nbytes)
 @cython.locals(buf=BufferState)
-cpdef CopySide side(object rt, object obj, object nbytes)
+cpdef CopySide side(RuntimeState rt, object obj, object nbytes)
 cdef tuple route(CopySide d, CopySide s)
 @cython.locals(root=BufferState)
-cpdef object plain_upload_bytes(object rt, BufferState dst, object src, object host_dtypes)
-cpdef object upload_plain(object rt, BufferState dst, object src, object host_dtypes)
-cpdef object download(object rt, BufferState buf, object out, object address, object ptr)
-@cython.locals(op=CopyOp, reads=list, writes=list)
-cpdef object submit(object rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)
+cpdef object plain_upload_bytes(RuntimeState rt, BufferState dst, object src, object host_dtypes)
+cpdef object upload_plain(RuntimeState rt, BufferState dst, object src, object host_dtypes)
+cpdef object download(RuntimeState rt, BufferState buf, object out, object address, object ptr)
+@cython.locals(op=CopyOp, reads=list, writes=list, device=DeviceState)
+cpdef object submit(RuntimeState rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)
 
 @cython.locals(src=CopySide, dst=CopySide)
-cpdef object submit_copy(object rt, CopyOp op, dict deps)
+cpdef object submit_copy(RuntimeState rt, CopyOp op, dict deps)
 @cython.locals(fut=GPUFuture, waits=list, todo=list)
-cdef object _engine_copy(object rt, CopyOp op, dict deps)
+cdef object _engine_copy(RuntimeState rt, CopyOp op, dict deps)

@@ -4,6 +4,7 @@
 # silently, and bytes are compared and bisected as Python ints anyway.
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.state cimport DeviceState
 
 
 cdef class HostRange:
@@ -56,7 +57,8 @@ cdef class BufferState:
     cdef public Py_ssize_t users
     cdef public bint freed
     # (what submissions read of any Buffer: Python ints and objects, set by memory.Buffer)
-    cdef public object device, address, nbytes, offset, typed_dtype, _shape
+    cdef public DeviceState device
+    cdef public object address, nbytes, offset, typed_dtype, _shape
 
 
 cpdef state_of(obj)

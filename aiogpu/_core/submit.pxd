@@ -2,6 +2,7 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState, record
+from aiogpu._core.state cimport DeviceState, RuntimeState
 
 cdef class LaneOrder:
     cdef public list lanes
@@ -9,27 +10,27 @@ cdef class LaneOrder:
     cdef public bint balances_load
 
 @cython.locals(err=object, resolved=object, blockers=object)
-cpdef object guarded(object rt, object device, object label, object reads, object writes, object after,
+cpdef object guarded(RuntimeState rt, DeviceState device, object label, object reads, object writes, object after,
                      object submit, object compile=*, object deferred_rw=*)
 
 @cython.locals(fut=GPUFuture, order=LaneOrder, lanes=list, i=Py_ssize_t, n=Py_ssize_t, start=Py_ssize_t,
                load=object)
-cpdef object pick_lane(object device, object deps)
+cpdef object pick_lane(DeviceState device, object deps)
 
-@cython.locals(plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
+@cython.locals(rt=RuntimeState, plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
                deps=dict, shape=tuple, kreads=list, kwrites=list, buf=BufferState)
-cpdef object launch_plain(object device, object kernel, object grid, object block, object args)
+cpdef object launch_plain(DeviceState device, object kernel, object grid, object block, object args)
 
 @cython.locals(fut=GPUFuture, todo=list, own=Py_ssize_t)
-cpdef object launch(object rt, object device, object loaded, object label, object grid, object block,
+cpdef object launch(RuntimeState rt, DeviceState device, object loaded, object label, object grid, object block,
                     object values, object lengths, dict deps, object reads, object writes, object keep=*,
                     object cleanup=*, object copy=*, object foreign=*)
 
 @cython.locals(dep=GPUFuture, d=GPUFuture, host_deps=list)
-cpdef _submitted(object rt, GPUFuture fut, dict deps, object waits, object keys, object reads, object writes,
+cpdef _submitted(RuntimeState rt, GPUFuture fut, dict deps, object waits, object keys, object reads, object writes,
                  object keep, list cleanup)
 
-cpdef object _refused(object rt, GPUFuture fut, object exc, list cleanup, object writes)
+cpdef object _refused(RuntimeState rt, GPUFuture fut, object exc, list cleanup, object writes)
 
 cdef class _Held:
     cdef object ranges
@@ -49,7 +50,7 @@ cdef _Held _new_held(object ranges, GPUFuture fut)
 
 
 @cython.locals(held=_Held, views=list, d=GPUFuture)
-cpdef track(object rt, GPUFuture fut, object reads, object writes, object deps=*, object keep=*, object cleanup=*)
+cpdef track(RuntimeState rt, GPUFuture fut, object reads, object writes, object deps=*, object keep=*, object cleanup=*)
 
 @cython.locals(x=object)
 cpdef bint plain_ints(tuple shape)
