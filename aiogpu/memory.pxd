@@ -49,6 +49,7 @@ cdef class DeviceMemory:
 
 
 # Buffer's per-allocation steps as C functions over its BufferState fields.
+from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState
 from aiogpu._core.state cimport DeviceState, RuntimeState
 
@@ -59,3 +60,6 @@ cpdef _free(object buf)
 
 @cython.locals(rt=RuntimeState, memory=DeviceMemory)
 cpdef object alloc_plain(DeviceState device, object nbytes)
+
+@cython.locals(s=BufferState, rt=RuntimeState, fut=GPUFuture)
+cpdef object _to_numpy(object buf, object dtype)

@@ -20,7 +20,7 @@ from ._core.hazards import BufferState
 from .errors import NotOnCudaError, RuntimeClosedError
 
 if TYPE_CHECKING:
-    from .futures import GPUFuture
+    from ._core.futures import GPUFuture
 
 BLOCK = 2 << 20          # 2 MiB: huge-page size, the unit of every allocation from the driver
 MIN_PIECE = 256
@@ -405,6 +405,42 @@ def alloc_plain(device: Any, nbytes: Any) -> "Buffer | None":
     return Buffer(device, address, nbytes, memory.give_back)
 
 
+def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
+    """``Buffer.to_numpy`` (its fields read as C fields where this module is compiled)."""
+    s = buf
+    rt = s.device.runtime
+    if (s if s._base is None else s._base).freed or rt.closed:
+        buf._check_usable()               # (raises what it raises for either)
+    if dtype is None:
+        dtype, shape = buf.dtype, s._shape
+    else:
+        # (the dtypes asked for by their NumPy type, validated once: a service asks per request)
+        valid = _NUMPY_TYPES.get(dtype) if type(dtype) is type else None
+        if valid is None:
+            valid = host_dtype(dtype, "to_numpy")
+            if type(dtype) is type and len(_NUMPY_TYPES) < 64:
+                _NUMPY_TYPES[dtype] = valid
+        dtype = valid
+        if s.nbytes % dtype.itemsize:
+            raise ValueError(f"{buf!r} is not a whole number of {dtype} elements")
+        shape = None
+    if _capture._active.get() is not None and _capture.current(rt) is not None:
+        # Nothing would fill the new array until a replay, and every replay would overwrite
+        # it: a graph copies into host memory the caller owns.
+        raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
+                        "your own, aiogpu.copy(out, buf), and read it after each replay")
+    with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
+        if rt.closed:
+            rt._check_open()
+        out, address, ptr = rt.pinned.empty_at(s.nbytes, dtype)
+        if shape is not None and len(shape) != 1:
+            out = out.reshape(shape)
+        # (In the same section: one Ctrl-C hold, not two.)
+        fut = _copies.download(rt, s, out, address, ptr)
+    fut.value = out
+    return fut
+
+
 class Buffer(BufferState):
     """``nbytes`` of memory on one device, or a view of part of such memory.
 
@@ -592,37 +628,7 @@ class Buffer(BufferState):
         pinned host memory (so the copy needs no pinning); it stays valid after the runtime is
         closed. TypeError for a non-numeric dtype or inside a graph capture, ValueError when the
         buffer is not a whole number of elements or was freed."""
-        rt = self.device.runtime
-        if (self if self._base is None else self._base).freed or rt.closed:
-            self._check_usable()              # (raises what it raises for either)
-        if dtype is None:
-            dtype, shape = self.dtype, self._shape
-        else:
-            # (the dtypes asked for by their NumPy type, validated once: a service asks per request)
-            valid = _NUMPY_TYPES.get(dtype) if type(dtype) is type else None
-            if valid is None:
-                valid = host_dtype(dtype, "to_numpy")
-                if type(dtype) is type and len(_NUMPY_TYPES) < 64:
-                    _NUMPY_TYPES[dtype] = valid
-            dtype = valid
-            if self.nbytes % dtype.itemsize:
-                raise ValueError(f"{self!r} is not a whole number of {dtype} elements")
-            shape = None
-        if _capture._active.get() is not None and _capture.current(rt) is not None:
-            # Nothing would fill the new array until a replay, and every replay would overwrite
-            # it: a graph copies into host memory the caller owns.
-            raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
-                            "your own, aiogpu.copy(out, buf), and read it after each replay")
-        with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
-            if rt.closed:
-                rt._check_open()
-            out, address, ptr = rt.pinned.empty_at(self.nbytes, dtype)
-            if shape is not None and len(shape) != 1:
-                out = out.reshape(shape)
-            # (In the same section: one Ctrl-C hold, not two.)
-            fut = _copies.download(rt, self, out, address, ptr)
-        fut.value = out
-        return fut
+        return _to_numpy(self, dtype)
 
     def fill(self, value: int, *, after: Any = ()) -> "GPUFuture[None]":
         """Fill with a repeated 32-bit ``value`` (device-side; nbytes and, for a view, its offset

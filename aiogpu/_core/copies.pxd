@@ -5,7 +5,8 @@ cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState
 from aiogpu._core.state cimport DeviceState, RuntimeState
-from aiogpu._core.submit cimport _refused, _submitted, guarded, launch
+from aiogpu._core.hub cimport Hub
+from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
@@ -59,5 +60,5 @@ cpdef object submit(RuntimeState rt, CopySide d, CopySide s, object nbytes, list
 
 @cython.locals(src=CopySide, dst=CopySide)
 cpdef object submit_copy(RuntimeState rt, CopyOp op, dict deps)
-@cython.locals(fut=GPUFuture, waits=list, todo=list)
+@cython.locals(fut=GPUFuture, waits=list, todo=list, hub=Hub)
 cdef object _engine_copy(RuntimeState rt, CopyOp op, dict deps)

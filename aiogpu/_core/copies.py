@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .submit import _refused, _submitted, guarded, launch
+from .submit import _refused, _submitted, guarded, launch, live
 from ..errors import GPUError
 from ..kernels import copy_kernel
 from .hazards import BufferState      # (memory.Buffer's base: the core does not import memory)
@@ -281,7 +281,7 @@ def _engine_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
     hub = rt.hub
     fut = hub.new_future(op.label)
     fut.device, fut.kind, fut.nbytes = op.device, "copy", op.nbytes
-    waits = [d for d in deps if not d.retired] if deps else []
+    waits = live(deps)
     todo = op.cleanup
     try:
         keys = rt._encode_copy(fut, op, lane, waits, todo)

@@ -33,3 +33,6 @@ cdef class GPUFuture:
     cdef public object staging
     cdef public object host_deps
     cdef object __weakref__
+
+    cpdef _add_dependent(self, GPUFuture fut)
+    cpdef _add_dep_signal(self, key)

@@ -80,7 +80,7 @@ class GPUFuture:
     # (asyncio.gather reads it of a cancelled child: cancel() keeps no message)
     _cancel_message = None
 
-    def __init__(self, hub: Any, label: str = "", *, signal: int = 0):
+    def __init__(self, hub: Any, label: str = "", signal: int = 0):
         self._hub: Any = hub    # (None only for futures settled at creation)
         self._state = PENDING
         self._exc: BaseException | None = None

@@ -32,3 +32,6 @@ cdef class Hub:
     cpdef _settle_done(self, GPUFuture fut, dict posts)
     cpdef _wake_awaiters(self, GPUFuture fut, object ports, object callbacks, object event, dict posts)
     cpdef _retire(self, GPUFuture fut)
+    # (per operation: the submission calls them as C functions)
+    cpdef GPUFuture new_future(self, label)
+    cpdef discard(self, GPUFuture fut)

@@ -132,7 +132,7 @@ class Hub:
     def new_future(self, label: str) -> GPUFuture:
         """A pending future with a fresh completion key (``_new_key``), not watched yet: the
         submission watches it once its work is encoded (under the lock)."""
-        return GPUFuture(self, label, signal=self._new_key())
+        return GPUFuture(self, label, self._new_key())
 
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching a pending future whose ``signal`` is set (call under lock).

@@ -1,6 +1,7 @@
 # Types for submit.py's per-operation functions (the source is submit.py).
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.hub cimport Hub
 from aiogpu._core.hazards cimport BufferState, record
 from aiogpu._core.state cimport DeviceState, RuntimeState
 
@@ -21,12 +22,12 @@ cpdef object pick_lane(DeviceState device, object deps)
                deps=dict, shape=tuple, kreads=list, kwrites=list, buf=BufferState)
 cpdef object launch_plain(DeviceState device, object kernel, object grid, object block, object args)
 
-@cython.locals(fut=GPUFuture, todo=list, own=Py_ssize_t)
+@cython.locals(fut=GPUFuture, todo=list, own=Py_ssize_t, hub=Hub)
 cpdef object launch(RuntimeState rt, DeviceState device, object loaded, object label, object grid, object block,
                     object values, object lengths, dict deps, object reads, object writes, object keep=*,
                     object cleanup=*, object copy=*, object foreign=*)
 
-@cython.locals(dep=GPUFuture, d=GPUFuture, host_deps=list)
+@cython.locals(dep=GPUFuture, d=GPUFuture, host_deps=list, hub=Hub)
 cpdef _submitted(RuntimeState rt, GPUFuture fut, dict deps, object waits, object keys, object reads, object writes,
                  object keep, list cleanup)
 
@@ -56,3 +57,9 @@ cpdef track(RuntimeState rt, GPUFuture fut, object reads, object writes, object 
 cpdef bint plain_ints(tuple shape)
 
 cpdef bint any_deferred(dict deps)
+
+@cython.locals(d=GPUFuture, waits=list)
+cpdef list live(object deps)
+
+@cython.locals(hub=Hub)
+cpdef _withdraw(RuntimeState rt, GPUFuture fut, list cleanup)

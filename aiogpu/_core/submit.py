@@ -107,6 +107,16 @@ def any_deferred(deps: dict) -> bool:
     return False
 
 
+def live(deps: Iterable[GPUFuture]) -> list:
+    """The dependencies whose work has not retired, oldest first: what an encode waits for
+    (a new list)."""
+    waits = []
+    for d in deps:
+        if not d.retired:
+            waits.append(d)
+    return waits
+
+
 def plain_ints(shape: tuple) -> bool:
     """Whether every entry of ``shape`` is an int and no bool: a cached launch shape is found
     by equality, and ``(True,)`` and ``(1.0,)`` equal ``(1,)`` (and hash alike), so a lookup
@@ -214,9 +224,10 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     """One dispatch of ``loaded`` on a compute lane of ``device`` after ``deps`` (resolved,
     none failed)."""
     lane = pick_lane(device, deps)
-    fut = rt.hub.new_future(label)
+    hub = rt.hub
+    fut = hub.new_future(label)
     fut.device, fut.kind = device, "dispatch"
-    waits = [d for d in deps if not d.retired] if deps else _NO_WAITS
+    waits = live(deps) if deps else _NO_WAITS
     todo = list(cleanup) if cleanup else []
     own = len(todo)
     try:
@@ -253,7 +264,7 @@ def encoded(rt: Any, device: Any, lane: Any, label: str, kind: str, deps: dict, 
     backend's graph replays, other libraries' streams and events), under the same rules."""
     fut = rt.hub.new_future(label)
     fut.device, fut.kind = device, kind
-    waits = [d for d in deps if not d.retired] if deps else []
+    waits = live(deps)
     todo = list(cleanup)
     own = len(todo)
     try:
@@ -323,7 +334,8 @@ def _refused(rt: Any, fut: GPUFuture, exc: GPUError, cleanup: list, writes: list
 
 def _withdraw(rt: Any, fut: GPUFuture, cleanup: list) -> None:
     """Forget a future whose work was not queued, and run its cleanup."""
-    rt.hub.discard(fut)
+    hub = rt.hub
+    hub.discard(fut)
     for fn in cleanup:
         fn()
     cleanup.clear()
