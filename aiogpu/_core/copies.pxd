@@ -3,7 +3,7 @@
 # integer would convert True and 1.5 silently).
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
-from aiogpu._core.hazards cimport BufferState
+from aiogpu._core.hazards cimport BufferState, HostRange
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live
@@ -43,8 +43,10 @@ cdef inline _memcpy(object dst, object src, object nbytes):
     memcpy(<void*><uintptr_t>dst, <const void*><uintptr_t>src, <size_t>nbytes)
 
 
+cpdef str op_label(CopyOp op)
 cdef str _where(CopySide side)
 cpdef str label_of(CopySide src, CopySide dst, object nbytes)
+@cython.locals(r=HostRange)
 cpdef bint unwritten(object state)
 cpdef object host_address(object arr)
 cpdef host_memcpy(object dst, object src, object nbytes)

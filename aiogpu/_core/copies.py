@@ -20,7 +20,7 @@ from typing import Any
 from .submit import _refused, _submitted, guarded, launch, live
 from ..errors import GPUError
 from ..kernels import copy_kernel
-from .hazards import BufferState      # (memory.Buffer's base: the core does not import memory)
+from .hazards import BufferState, HostRange      # (BufferState: memory.Buffer's base; the core does not import memory)
 
 # Host sources up to this size are copied into pinned memory at submission (a memcpy on the
 # loop costs less than pinning the caller's array, and the array is free again at once).
@@ -84,10 +84,7 @@ class CopyOp:
     @property
     def label(self) -> str:
         """``copy SRC->DST N B`` (each side "host", its device's name, or a foreign array's type)."""
-        label = self._label
-        if label is None:
-            label = self._label = label_of(self.src, self.dst, self.nbytes)
-        return label
+        return op_label(self)
 
     @property
     def reads(self) -> list:
@@ -118,6 +115,14 @@ class CopyOp:
         return submit_copy(self.rt, self, deps)
 
 
+def op_label(op: CopyOp) -> str:
+    """``op.label``, made once (a C call where this module is compiled)."""
+    label = op._label
+    if label is None:
+        label = op._label = label_of(op.src, op.dst, op.nbytes)
+    return label
+
+
 def _where(side: CopySide) -> str:
     if side.host:
         return "host"
@@ -138,7 +143,11 @@ def label_of(src: CopySide, dst: CopySide, nbytes: int) -> str:
 
 def unwritten(state: Any) -> bool:
     """Whether no unretired work writes the memory of ``state`` (a HostRange)."""
-    writer = state.last_write
+    if type(state) is HostRange:          # (the common case, its fields read as C fields)
+        r = state
+        writer = r.hazards._newest_writer(r.start, r.end)
+    else:
+        writer = state.last_write
     return writer is None or writer.retired
 
 
@@ -241,7 +250,7 @@ def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: An
     compile = None
     if not (rt.copy_engines and rt.engines_take_every_copy) and copy_kernel not in device._kernels:
         compile = rt._copy_kernel_compile(op)
-    return guarded(rt, device, op.label, reads, writes, after, op, compile, rw)
+    return guarded(rt, device, op_label(op), reads, writes, after, op, compile, rw)
 
 
 def submit_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
@@ -261,7 +270,7 @@ def submit_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
             fut = _engine_copy(rt, op, deps)
         if fut is None:
             dev, n = op.device, op.nbytes
-            fut = launch(rt, dev, dev._loaded_kernel(copy_kernel), op.label + " (shader)", dev._copy_grid(n),
+            fut = launch(rt, dev, dev._loaded_kernel(copy_kernel), op_label(op) + " (shader)", dev._copy_grid(n),
                          (256,), [dst.ptr, src.ptr, n], [n, n], deps, op.reads, op.writes(),
                          op.keep, op.cleanup, op)
             rt.shader_copies += 1
@@ -279,7 +288,7 @@ def _engine_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
     if lane is None:
         return None
     hub = rt.hub
-    fut = hub.new_future(op.label)
+    fut = hub.new_future(op_label(op))
     fut.device, fut.kind, fut.nbytes = op.device, "copy", op.nbytes
     waits = live(deps)
     todo = op.cleanup

@@ -59,7 +59,7 @@ cpdef bint plain_ints(tuple shape)
 cpdef bint any_deferred(dict deps)
 
 @cython.locals(d=GPUFuture, waits=list)
-cpdef list live(object deps)
+cpdef list live(dict deps)
 
 @cython.locals(hub=Hub)
 cpdef _withdraw(RuntimeState rt, GPUFuture fut, list cleanup)
