@@ -3,6 +3,15 @@
 cimport cython
 
 
+cdef class _GiveBack:
+    cdef object returns
+    cdef tuple token
+
+
+@cython.locals(g=_GiveBack)
+cdef _GiveBack _new_give_back(object returns, tuple token)
+
+
 cdef class _Slab:
     cdef public object map, start, base, size, device
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import bisect
 import collections
 import ctypes
-import functools
 import mmap
 from typing import Any, Callable
 
@@ -63,6 +62,23 @@ def _owner_class(size: int, cache: dict = {}) -> Any:
 def _give_back(owner) -> None:
     # (Any thread, at any time, interpreter shutdown included: a deque append, no global.)
     owner.returns.append(owner.token)
+
+
+class _GiveBack:
+    """A pinned block's release, as ``block`` hands it out: calling it gives the block back
+    (its token to the pool's returns: any thread, a deque append)."""
+
+    __slots__ = ("returns", "token")
+
+    def __call__(self) -> None:
+        self.returns.append(self.token)
+
+
+def _new_give_back(returns: Any, token: tuple) -> _GiveBack:
+    """A ``_GiveBack`` (made without a call to ``__init__``: one per staged copy)."""
+    g = _GiveBack.__new__(_GiveBack)
+    g.returns, g.token = returns, token
+    return g
 
 
 class _Slab:
@@ -110,7 +126,7 @@ class PinnedPool:
     def block(self, nbytes: int) -> tuple[int, int, Callable[[], None]]:
         """(host address, device pointer, release) of a pinned block of at least ``nbytes``."""
         token = self._carve(nbytes)
-        return token[0], token[2], functools.partial(self._returns.append, token)
+        return token[0], token[2], _new_give_back(self._returns, token)
 
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its

@@ -11,6 +11,7 @@ cpdef object encode_copy(object self, object fut, CopyOp op, object lane, object
 cpdef memcpy_on_lane(object runtime, GPUFuture fut, Lane lane, object dptr, object sptr, object nbytes, object waits,
                      list cleanup, object on_complete, object staging)
 
+@cython.locals(f=GPUFuture, lane=Lane, other=Lane)
 cpdef object copy_lane(object self, CopyOp op, object deps)
 
 cdef object _hot()

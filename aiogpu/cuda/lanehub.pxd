@@ -4,8 +4,9 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
+from aiogpu.cuda.encode cimport Lane
 
-@cython.locals(h=Hub)
+@cython.locals(h=Hub, lane=Lane)
 cdef object _watch(object hub, GPUFuture fut)
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
 cdef bint _completed_now(object hub, GPUFuture fut) except -1
