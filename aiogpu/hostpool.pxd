@@ -3,13 +3,17 @@
 cimport cython
 
 
+cdef dict _OWNERS
+cpdef object _owner_class(object size)
+
+
 cdef class _GiveBack:
-    cdef object returns
+    cdef list returns
     cdef tuple token
 
 
 @cython.locals(g=_GiveBack)
-cdef _GiveBack _new_give_back(object returns, tuple token)
+cdef _GiveBack _new_give_back(list returns, tuple token)
 
 
 cdef class _Slab:
@@ -20,7 +24,8 @@ cdef class PinnedPool:
     cdef public object _pin, _unpin
     cdef public dict _slabs
     cdef public list _starts, _idle_small
-    cdef public object _small, _large_free, _large_idle, _returns
+    cdef public object _small, _large_free, _large_idle
+    cdef public list _returns
     cdef public list _ready
     cdef public Py_ssize_t _handed_out
     cdef public bint closed
@@ -33,5 +38,5 @@ cdef class PinnedPool:
     cpdef object device_pointer(self, address, nbytes=*)
     @cython.locals(i=Py_ssize_t, slab=_Slab)
     cpdef object _slab_of(self, address)
-    @cython.locals(token=tuple, ready=list)
+    @cython.locals(token=tuple, ready=list, returns=list)
     cpdef _take_returns(self)

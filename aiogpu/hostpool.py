@@ -42,7 +42,10 @@ OWNER_CLASSES = 64
 READY_PER_SIZE = 64
 
 
-def _owner_class(size: int, cache: dict = {}) -> Any:
+_OWNERS: dict = {}       # size -> owner class (``_owner_class``)
+
+
+def _owner_class(size: int) -> Any:
     """A ctypes array type of ``size`` bytes whose instances give their block back when they
     die (``__del__``): the owner an ``empty`` array's ``base`` holds.
 
@@ -50,23 +53,23 @@ def _owner_class(size: int, cache: dict = {}) -> Any:
     its atexit hook iterated that registry while the waiter thread changed it. An owner made by
     ``from_buffer`` holds an export of the slab's mapping, so the mapping outlives ``close``
     while an array uses it (as the memoryview the arrays held before)."""
-    cls = cache.get(size)
+    cls = _OWNERS.get(size)
     if cls is None:
         cls = type("PinnedBlock", (ctypes.c_char * size,), {"__slots__": ("returns", "token"),
                                                              "__del__": _give_back})
-        if len(cache) < OWNER_CLASSES:
-            cache[size] = cls
+        if len(_OWNERS) < OWNER_CLASSES:
+            _OWNERS[size] = cls
     return cls
 
 
 def _give_back(owner) -> None:
-    # (Any thread, at any time, interpreter shutdown included: a deque append, no global.)
+    # (Any thread, at any time, interpreter shutdown included: a list append, no global.)
     owner.returns.append(owner.token)
 
 
 class _GiveBack:
     """A pinned block's release, as ``block`` hands it out: calling it gives the block back
-    (its token to the pool's returns: any thread, a deque append)."""
+    (its token to the pool's returns: any thread, a list append)."""
 
     __slots__ = ("returns", "token")
 
@@ -110,8 +113,9 @@ class PinnedPool:
         self._large_free: dict[int, list[int]] = collections.defaultdict(list)
         self._large_idle: collections.OrderedDict[int, int] = collections.OrderedDict()
         # Tokens of blocks handed out and given back, from any thread: (address, order, device
-        # pointer, slab), order -1 for a large block.
-        self._returns: collections.deque = collections.deque()
+        # pointer, slab), order -1 for a large block. A list: ``append`` from any thread and
+        # the holder's ``pop`` are each atomic (the GIL), and their order does not matter.
+        self._returns: list = []
         # Small blocks given back, by order: their tokens, ready to hand out again.
         self._ready: list[list[tuple]] = [[] for _ in range(SMALL_LIMIT.bit_length())]
         self._handed_out = 0
@@ -199,7 +203,7 @@ class PinnedPool:
     def _take_returns(self) -> None:
         returns = self._returns
         while returns:
-            token = returns.popleft()
+            token = returns.pop()
             self._handed_out -= 1
             if self.closed:
                 continue
