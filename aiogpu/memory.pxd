@@ -6,6 +6,9 @@
 # Byte counts and addresses stay Python ints (no C integer arguments: a C integer converts
 # True and 1.5 silently, and sizes beyond 2**63 must raise what they raise interpreted).
 cimport cython
+from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.hazards cimport BufferState
+from aiogpu._core.state cimport DeviceState, RuntimeState
 
 
 cdef class BuddyAllocator:
@@ -49,9 +52,6 @@ cdef class DeviceMemory:
 
 
 # Buffer's per-allocation steps as C functions over its BufferState fields.
-from aiogpu._core.futures cimport GPUFuture
-from aiogpu._core.hazards cimport BufferState
-from aiogpu._core.state cimport DeviceState, RuntimeState
 
 cdef _init_state(BufferState s, object device, object address, object nbytes)
 
