@@ -73,6 +73,16 @@ class CompletionHooks:
     def poll(self) -> None:
         """Observe completions now, on the calling thread (where the backend can; else nothing)."""
 
+    def reap(self) -> None:
+        """Settle and retire, on the calling thread, the work whose completion reads done
+        without a driver call (CUDA: each lane's completion word, one memory load). The core
+        calls it outside any section of the lock when work is submitted while other work is
+        awaited (the CUDA spin also calls it when the waiter has fallen behind). A busy loop so finds
+        its completions itself, rather than waiting for the waiter thread to get the GIL, and
+        what they held is freed while it is young (the garbage collector does not see it
+        survive). Never raises what a completion step raises (that fails its future). Default:
+        nothing (the waiter does it all)."""
+
     def parked_done(self, fut: Any) -> None:
         """A parked await of ``fut`` was woken (backends learn from it; no lock)."""
 

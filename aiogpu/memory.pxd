@@ -9,6 +9,7 @@ cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState
 from aiogpu._core.state cimport DeviceState, RuntimeState
+from aiogpu._core.submit cimport reap
 
 
 cdef class BuddyAllocator:

@@ -17,6 +17,7 @@ import numpy as np
 from . import capture as _capture
 from ._core import copies as _copies
 from ._core.hazards import BufferState
+from ._core.submit import reap
 from .errors import NotOnCudaError, RuntimeClosedError
 
 if TYPE_CHECKING:
@@ -429,6 +430,7 @@ def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
         # it: a graph copies into host memory the caller owns.
         raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
                         "your own, aiogpu.copy(out, buf), and read it after each replay")
+    reap(rt)     # (others' finished work first: see submit.reap)
     with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
         if rt.closed:
             rt._check_open()

@@ -6,7 +6,7 @@ from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState, HostRange
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.hub cimport Hub
-from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live
+from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live, reap
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .submit import _refused, _submitted, guarded, launch, live
+from .submit import _refused, _submitted, guarded, launch, live, reap
 from ..errors import GPUError
 from ..kernels import copy_kernel
 from .hazards import BufferState, HostRange      # (BufferState: memory.Buffer's base; the core does not import memory)
@@ -211,6 +211,7 @@ def upload_plain(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> Any:
     nbytes = plain_upload_bytes(rt, dst, src, host_dtypes)
     if not nbytes:
         return None
+    reap(rt)
     with rt.lock:
         if rt.closed:
             return None

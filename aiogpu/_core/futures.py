@@ -382,7 +382,8 @@ class GPUFuture:
             # loop never busy-polls while other tasks wait for the GPU too.
             if hub.spin_s > 0 and hub.awaiting == 1 and isinstance(port, _AsyncioPort):
                 # True: the device completed it (read without the lock); the waiter settles
-                # and retires it at its next scan, off this loop.
+                # and retires it at its next scan, off this loop (or, when the waiter has
+                # fallen behind, the spin settled it: see the backend's reap).
                 seen = hub.spin_poll(self)
                 if not seen and self._state == PENDING:
                     seen = yield from hub.spin_await(self)

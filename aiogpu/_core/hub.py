@@ -288,7 +288,7 @@ class Hub:
                 self._completed(fut, None, posts)
         self._flush(posts)
 
-    def _completed(self, fut: GPUFuture, exc: BaseException | None, posts: dict, *,
+    def _completed(self, fut: GPUFuture, exc: BaseException | None, posts: dict,
                    retire: bool = True) -> None:
         """The device is done with ``fut``'s work (``exc``: a failure found on the host, e.g. a
         host-side completion step). Settle it now if that needs no lock (it succeeded, nothing
@@ -299,8 +299,7 @@ class Hub:
             return
         slow = False
         if fut._state == PENDING:
-            if exc is None and not self._slow and (fut.members is None or all(
-                    m._state == DONE for m in fut.members)):
+            if exc is None and not self._slow and (fut.members is None or _members_done(fut)):
                 self._settle_done(fut, posts)
             else:
                 slow = True
@@ -356,7 +355,7 @@ class Hub:
             self._queued.add(_WATCHDOG)
             self._backlog.append((None, None, False, False))
         if self._backlog:
-            self.lock.try_run(functools.partial(self._drain, posts))
+            self.lock.try_run(self._drain, posts)
         self._post(posts)
 
     def retry_backlog(self) -> None:
@@ -507,6 +506,14 @@ class Hub:
                 self._settle([(key, fut)])
                 break
             yield
+
+
+def _members_done(join: GPUFuture) -> bool:
+    """Whether every member of the join ``join`` succeeded."""
+    for m in join.members:
+        if m._state != DONE:
+            return False
+    return True
 
 
 class FutureHub(CompletionHooks, Hub):

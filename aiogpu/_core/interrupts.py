@@ -307,9 +307,9 @@ class InterruptSafeLock:
         if PyThread_get_thread_ident() == _MAIN:
             _leave()
 
-    def try_run(self, fn: Callable[[], Any]) -> bool:
-        """Run ``fn`` under the lock if this thread can take it at once (it is free, or this
-        thread holds it already); else return False without waiting (the holder then runs
+    def try_run(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run ``fn(*args)`` under the lock if this thread can take it at once (it is free, or
+        this thread holds it already); else return False without waiting (the holder then runs
         ``drain`` before it lets go). Ctrl-C is held back while ``fn`` runs on the main thread."""
         main = PyThread_get_thread_ident() == _MAIN
         if main:
@@ -320,7 +320,7 @@ class InterruptSafeLock:
             return False
         self._held += 1
         try:
-            fn()
+            fn(*args)
         finally:
             self._held -= 1
             self.raw._give()

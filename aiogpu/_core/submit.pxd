@@ -18,6 +18,9 @@ cpdef object guarded(RuntimeState rt, DeviceState device, object label, object r
                load=object)
 cpdef object pick_lane(DeviceState device, object deps)
 
+@cython.locals(hub=Hub)
+cpdef int reap(RuntimeState rt) except -1
+
 @cython.locals(rt=RuntimeState, plan=tuple, n=Py_ssize_t, i=Py_ssize_t, lengths=list, reads=list, writes=list, buffers=dict,
                deps=dict, shape=tuple, kreads=list, kwrites=list, buf=BufferState)
 cpdef object launch_plain(DeviceState device, object kernel, object grid, object block, object args)

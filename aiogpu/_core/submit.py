@@ -23,6 +23,10 @@ from .hazards import BufferState, record
 
 # The waits of an operation with no dependency (encoders only read them).
 _NO_WAITS: tuple = ()
+# Pending futures at which the loop stops leaving their retirement to the waiter thread (a
+# submission reaps, and so may a backend's spin): batches this big cost little per future, and
+# what a request held still dies young (before a garbage collection promotes it).
+REAP_AT = 32
 
 
 def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: list,
@@ -117,6 +121,18 @@ def live(deps: Iterable[GPUFuture]) -> list:
     return waits
 
 
+def reap(rt: Any) -> int:
+    """At a submission's start, outside the lock: while other work is awaited, or once the
+    waiter has fallen behind (``REAP_AT`` futures pending), settle and retire what the device
+    has finished (``CompletionHooks.reap``), so that a loop busy submitting wakes its own
+    awaiters, and frees what their work held while it is young, without waiting for the
+    waiter thread to get the GIL."""
+    hub = rt.hub
+    if hub.awaiting or len(hub._pending) >= REAP_AT:
+        hub.reap()
+    return 0
+
+
 def plain_ints(shape: tuple) -> bool:
     """Whether every entry of ``shape`` is an int and no bool: a cached launch shape is found
     by equality, and ``(True,)`` and ``(1.0,)`` equal ``(1,)`` (and hash alike), so a lookup
@@ -188,6 +204,7 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
                     return None
             elif type(value) is not float or not -high <= value <= high:
                 return None
+    reap(rt)
     with rt.lock:
         if rt.closed or device.broken is not None:
             return None

@@ -9,6 +9,17 @@ from aiogpu.cuda.encode cimport Lane
 @cython.locals(h=Hub, lane=Lane)
 cdef object _watch(object hub, GPUFuture fut)
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
+@cython.locals(h=Hub, steps=bint)
 cdef bint _completed_now(object hub, GPUFuture fut) except -1
+@cython.locals(lane=Lane, first=GPUFuture, upto=cython.longlong)
+cdef int _reap(object hub) except -1
 @cython.locals(h=Hub)
 cdef int _hit(object hub, object lane, GPUFuture fut, double waited) except -1
+@cython.locals(h=Hub)
+cdef int _observed(object hub, Lane lane, long long ticket, long long code) except -1
+@cython.locals(f=GPUFuture, done=list)
+cdef int _take(object hub, Lane lane, long long ticket, dict posts) except -1
+@cython.locals(h=Hub, fut=GPUFuture, dep=GPUFuture, item=tuple)
+cdef int _complete_each(object hub, list completed, dict posts) except -1
+@cython.locals(h=Hub)
+cdef int _settle_batch(object hub, list completed) except -1

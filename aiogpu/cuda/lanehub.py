@@ -9,7 +9,9 @@ import asyncio
 import time
 from typing import Any
 
+from ..errors import GPUError
 from .._core.futures import PENDING, GPUFuture, submission_scope
+from .._core.submit import REAP_AT
 
 SPIN_MIN_S = 20e-6
 PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
@@ -59,6 +61,27 @@ class LaneHub:
         lane = fut.lane
         if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
             self.observed(lane, fut.ticket, 0)
+
+    def reap(self) -> None:
+        """Settle each lane's prefix that its completion word shows done (see
+        ``CompletionHooks.reap``); lanes without a word are left to the waiter's scan."""
+        if not self.lock.raw._is_owned():     # type: ignore[attr-defined]  (as ``observe``)
+            _reap(self)
+
+    # -- observing lanes -------------------------------------------------------------------------
+    # Completions are observed and settled without the runtime lock (see ``FutureHub``); the
+    # hub's ``_observe`` lock makes whoever observes (the waiter, an awaiter's spin, ``done()``,
+    # a reap) take each lane's prefix and run its host steps one at a time, so that host steps
+    # run in submission order. Its holders never wait for the runtime lock (only ``try_run``)
+    # and wake no awaiters under it.
+    def observed(self, lane: Any, ticket: int, code: int) -> None:
+        """The event of ``ticket`` on ``lane`` read ``code``: settle the lane's prefix up to it
+        (without the runtime lock), or fail the device on a sticky error (under it)."""
+        _observed(self, lane, ticket, code)
+
+    def _settle(self, completed: list) -> None:
+        """Settle futures whose events read complete (without the runtime lock)."""
+        _settle_batch(self, completed)
 
     # -- the spin --------------------------------------------------------------------------------
     def spin_poll(self, fut: GPUFuture) -> bool:
@@ -147,14 +170,37 @@ def _completed_now(hub: Any, fut: GPUFuture) -> bool:
     """The spin read ``fut``'s ticket in its lane's completion word: the work completed
     successfully (a lane writes the word only after it; a failing context stops the lane).
     The awaiter returns at once, with no lock and no state change on the loop: settling
-    (other awaiters, callbacks) and retiring (its event, buffers, host memory) happen at the
-    waiter's next scan, which reads the same word, within its guard interval. Futures with
-    host-side completion steps, and joins (whose members decide how they settle), settle
-    fully now: returns False then (the future is done)."""
-    if fut.on_complete or fut.host_deps or fut.members is not None:
+    (other awaiters, callbacks) and retiring (its event, buffers, host memory) are left to
+    the waiter's next scan, which reads the same word, within its guard interval (returns
+    True). Unless the waiter has fallen behind (``REAP_AT`` futures pending: a loop busy with
+    requests leaves it short of the GIL): then this loop settles and retires, in one batch,
+    what the lanes' words show done (``_reap``), so that a request's futures, buffers and host
+    blocks do not outlive a few garbage collections. Futures with host-side completion
+    steps, and joins (whose members decide how they settle), settle fully now. Returns True
+    when the awaiter may return the future's value unsettled (it has no host steps)."""
+    h = hub
+    steps = fut.on_complete or fut.host_deps or fut.members is not None
+    if len(h._pending) >= REAP_AT:
+        _reap(hub)                       # (its own lane's prefix too, host steps and all)
+    elif steps:
         hub.observed(fut.lane, fut.ticket, 0)
-        return False
-    return True
+    else:
+        return True
+    return not steps and fut._state == PENDING
+
+
+def _reap(hub: Any) -> int:
+    for lane in hub.lanes:
+        pending = lane.pending
+        if pending and lane.word is not None:
+            upto = lane.word.value
+            try:
+                first = pending[0]
+            except IndexError:           # (the waiter took it meanwhile)
+                continue
+            if first.ticket <= upto:
+                _observed(hub, lane, upto, 0)
+    return 0
 
 
 def _hit(hub: Any, lane: Any, fut: GPUFuture, waited: float) -> int:
@@ -164,4 +210,73 @@ def _hit(hub: Any, lane: Any, fut: GPUFuture, waited: float) -> int:
     lane.spin = min(h.spin_s, max(lane.spin * 2, 2 * waited))
     if fut.nbytes >= LEARN_MIN_BYTES:
         _learn(fut)
+    return 0
+
+
+def _observed(hub: Any, lane: Any, ticket: int, code: int) -> int:
+    h = hub
+    if code != 0:
+        hub.device_failed(lane.device, code, lane)
+        return 0
+    posts: dict = {}
+    with hub._observe:
+        _take(hub, lane, ticket, posts)
+    h._flush(posts)
+    return 0
+
+
+def _settle_batch(hub: Any, completed: list) -> int:
+    h = hub
+    posts: dict = {}
+    with hub._observe:
+        if len(completed) > 1:    # (in submission order)
+            completed.sort(key=_key_of)
+        _complete_each(hub, completed, posts)
+    h._flush(posts)
+    return 0
+
+
+def _take(hub: Any, lane: Any, ticket: int, posts: dict) -> int:
+    """Settle ``lane``'s pending prefix up to ``ticket`` (under ``_observe``), in its order,
+    which is its submission order."""
+    done = []
+    pending = lane.pending
+    while pending:
+        f = pending[0]
+        if f.ticket > ticket:
+            break
+        pending.popleft()
+        if not f.retired:
+            done.append((f.signal, f))
+    if done:
+        _complete_each(hub, done, posts)
+    return 0
+
+
+def _key_of(item: tuple) -> int:
+    return item[0]
+
+
+def _complete_each(hub: Any, completed: list, posts: dict) -> int:
+    """Settle completed futures in the given order (under ``_observe``), running their
+    host-side completion steps (staged device-to-host copies) first, and those of the work
+    they depend on; a failed step fails its future (under the runtime lock, later)."""
+    h = hub
+    for item in completed:
+        key, fut = item
+        if h._pending.get(key) is not fut:
+            continue
+        exc = None
+        if fut._state == PENDING and (fut.host_deps or fut.on_complete):
+            for dep in fut.host_deps or ():
+                if dep._state == PENDING:   # complete on the device: settle it first
+                    _take(hub, dep.lane, dep.ticket, posts)
+            fut.host_deps = None
+            for hook in fut.on_complete or ():
+                try:
+                    hook()
+                except Exception as e:  # noqa: BLE001 - becomes the future's failure
+                    exc = GPUError(f"{fut.label}: completing on the host failed: {e}")
+            fut.on_complete = None       # (run once, even when a rescan sees it again)
+        h._completed(fut, exc, posts)
     return 0

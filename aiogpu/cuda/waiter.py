@@ -23,7 +23,13 @@ a completion reaches an awaiter, fastest first:
    (errors; lanes without words), handing each event loop its awaiters in one batch. It also
    settles and retires the futures whose completion a spin saw (the spin itself changes no
    state and takes no lock: their buffers, events and host memory are freed here, off the
-   awaiters' latency path and off the loop). A bounded timeout guards
+   awaiters' latency path). A loop busy with requests holds the GIL, though, and the waiter
+   then falls behind: so the loop *reaps* itself (``LaneHub.reap``: each lane's completion
+   word, one memory load, and the prefix it shows done settled and retired in one batch)
+   when a spin's hit finds ``REAP_AT`` futures pending, and at a submission while other work
+   is awaited (parked awaiters of a busy loop are woken by its next submission, not by a
+   thread hand-off; what a request held is freed while it is young, before garbage
+   collections promote it). A bounded timeout guards
    against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
    else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second; work
    submitted while it sleeps the long guard wakes it once (``watch``), to sleep the short one.
@@ -120,33 +126,7 @@ class CudaHub(LaneHub, FutureHub):
             self.scan()
 
     # -- observing lanes ---------------------------------------------------------------------------
-    # Completions are observed and settled without the runtime lock (see ``FutureHub``); the
-    # hub's ``_observe`` lock makes whoever observes (the waiter, an awaiter's spin, ``done()``)
-    # take each lane's prefix and run its host steps one at a time, so that host steps run in
-    # submission order. Its holders never wait for the runtime lock (only ``try_run``) and wake
-    # no awaiters under it.
-    def observed(self, lane: Any, ticket: int, code: int) -> None:
-        """The event of ``ticket`` on ``lane`` read ``code``: settle the lane's prefix up to it
-        (without the runtime lock), or fail the device on a sticky error (under it)."""
-        if code != 0:
-            self.device_failed(lane.device, code, lane)
-            return
-        posts: dict = {}
-        with self._observe:
-            self._take(lane, ticket, posts)
-        self._flush(posts)
-
-    def _take(self, lane: Any, ticket: int, posts: dict) -> None:
-        """Settle ``lane``'s pending prefix up to ``ticket`` (under ``_observe``)."""
-        done = []
-        pending = lane.pending
-        while pending and pending[0].ticket <= ticket:
-            f = pending.popleft()
-            if not f.retired:
-                done.append((f.signal, f))
-        if done:
-            self._complete_batch(done, posts)
-
+    # (``observed``, ``_settle``: LaneHub's, compiled.)
     def scan(self) -> None:
         """Level-triggered: query every lane's pending events, oldest first."""
         query, stream_query = D.HOT.query, D.cu.cuStreamQuery
@@ -197,36 +177,6 @@ class CudaHub(LaneHub, FutureHub):
                 for ln in device.lanes:
                     ln.pending.clear()
         self._post(posts)
-
-    def _settle(self, completed: list) -> None:
-        """Settle futures whose events read complete (without the runtime lock)."""
-        posts: dict = {}
-        with self._observe:
-            self._complete_batch(completed, posts)
-        self._flush(posts)
-
-    def _complete_batch(self, completed: list, posts: dict) -> None:
-        """Settle completed futures in submission order, running their host-side completion
-        steps (staged device-to-host copies) first, and those of the work they depend on
-        (under ``_observe``); a failed step fails its future (under the runtime lock, later)."""
-        if len(completed) > 1:
-            completed.sort(key=lambda kf: kf[0])
-        for key, fut in completed:
-            if self._pending.get(key) is not fut:
-                continue
-            exc = None
-            if fut._state == PENDING:
-                for dep in fut.host_deps or ():
-                    if dep._state == PENDING:   # complete on the device: settle it first
-                        self._take(dep.lane, dep.ticket, posts)
-                fut.host_deps = None
-                for hook in fut.on_complete or ():
-                    try:
-                        hook()
-                    except Exception as e:  # noqa: BLE001 - becomes the future's failure
-                        exc = GPUError(f"{fut.label}: completing on the host failed: {e}")
-                fut.on_complete = None       # (run once, even when a rescan sees it again)
-            self._completed(fut, exc, posts)
 
     # -- the waiter thread -----------------------------------------------------------------------
     def _guard(self) -> float:

@@ -287,13 +287,22 @@ def _receiver_is_core(func: ast.expr) -> bool:
     return isinstance(func, ast.Attribute) and any(r in ast.unparse(func.value) for r in _CORE_RECEIVERS)
 
 
-def _on_self(func: ast.expr) -> bool:
-    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+def _on_self(func: ast.expr, names: tuple = ("self",)) -> bool:
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id in names
+
+
+def _hub_helper(node: ast.AST, scope: list[str]) -> bool:
+    """A module-level function over a hub (its first parameter ``hub``, typed ``h`` where it
+    is compiled): the body of a hub subclass's method, written as a function so that it
+    compiles to a C call (cuda/lanehub.py)."""
+    return not scope and isinstance(node, ast.FunctionDef) and bool(node.args.args) \
+        and node.args.args[0].arg == "hub"
 
 
 def _calls(path: Path):
     """(enclosing function's qualified name, called name, call node) for each call in ``path``,
-    except a hub subclass's calls on itself (the hub's own rules, run by its waiter)."""
+    except a hub subclass's calls on itself, and its helpers' on their hub (the hub's own
+    rules, run by its waiter)."""
     tree = ast.parse(path.read_text(), str(path))
 
     def walk(node: ast.AST, scope: list[str], hub: bool = False):
@@ -303,9 +312,10 @@ def _calls(path: Path):
                                 any("Hub" in ast.unparse(b) for b in child.bases))
                 continue
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                yield from walk(child, scope + [child.name], hub)
+                yield from walk(child, scope + [child.name], "helper" if _hub_helper(child, scope) else hub)
                 continue
-            if isinstance(child, ast.Call) and not (hub and _on_self(child.func)):
+            if isinstance(child, ast.Call) and not (
+                    hub and _on_self(child.func, ("hub", "h") if hub == "helper" else ("self",))):
                 f = child.func
                 name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
                 if name is not None:

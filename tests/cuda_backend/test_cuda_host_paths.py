@@ -297,3 +297,108 @@ def test_a_shader_upload_is_patched_with_what_a_pending_bounced_download_writes(
     # v's bytes [2048, 8192) of the host array, from offset 1024 of u's: 6144 bytes
     assert "patched after the shader copy True [(1024, 6144)]" in out, out
     assert "done True" in out and "leaks {}" in out, out
+
+
+# -- a busy loop whose waiter falls behind ----------------------------------------------------------
+# The waiter thread is stalled outright here (its scan waits for a gate): what a loop busy with
+# requests does to it by holding the GIL, taken to the limit.
+STALLED_WAITER = r"""
+import asyncio, threading
+import numpy as np
+import aiogpu
+from aiogpu._core.submit import REAP_AT
+from aiogpu.cuda.waiter import CudaHub
+
+@aiogpu.kernel("f32*, const f32*, u32", cuda='extern "C" __global__ void k2(float* y, const float* x, unsigned n) {}')
+def k2(launch, y, x, n):
+    y[:n] = x[:n]
+
+@aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}')
+def noop(launch, n):
+    pass
+
+rt = aiogpu.Runtime("cuda")
+dev = rt.devices[0]
+warm = dev.alloc(1024), dev.alloc(1024)
+for k, args in ((noop, (0,)), (k2, (*warm, 256))):
+    assert dev.launch(k, (256,), (256,), args).wait(10)   # (compiled: the fast paths from here)
+for b in warm:
+    b.free()
+gate = threading.Event()
+real_scan = CudaHub.scan
+CudaHub.scan = lambda self: (gate.wait(60), real_scan(self))[1]
+"""
+
+
+def test_a_busy_loop_retires_its_requests_work_when_the_waiter_falls_behind():
+    """Requests whose awaits find their work done at the first poll, with the waiter unable to
+    run: the loop settles and retires what is done itself, in batches, so what is pending stays
+    bounded (each request's buffers freed, its pinned block back) rather than growing until
+    the waiter gets the GIL."""
+    out = run(STALLED_WAITER + r"""
+async def requests(n):
+    host = np.ones(256, np.float32)
+    most = 0
+    for _ in range(n):
+        x, y = dev.alloc(1024), dev.alloc(1024)
+        aiogpu.copy(x, host)
+        dev.launch(k2, (256,), (256,), (y, x, 256))
+        await y.to_numpy(np.float32)
+        x.free()
+        y.free()
+        most = max(most, rt.hub.pending_count)
+    return most
+
+most = asyncio.run(requests(10 * REAP_AT))
+print("bounded", most <= REAP_AT + 3, most)
+print("retired on the loop", rt.hub.pending_count < REAP_AT)
+gate.set()
+print("leaks", rt.leaks(5))
+rt.close()
+""")
+    assert "bounded True" in out, out
+    assert "retired on the loop True" in out, out
+    assert "leaks {}" in out, out
+
+
+def test_parked_awaiters_are_woken_by_the_loops_submissions_when_the_waiter_falls_behind():
+    """Two tasks awaiting launches at once park (neither spins while the other waits); with
+    the waiter unable to run, the next submission on the same loop settles what the device
+    finished and wakes them, with no thread hand-off. Futures gathered as they are (their
+    done-callbacks wait, no task awaits them) are woken once the waiter has fallen
+    ``REAP_AT`` futures behind."""
+    out = run(STALLED_WAITER + r"""
+async def woken_after(waited):
+    for i in range(3 * REAP_AT):
+        if waited.done():
+            return i
+        await asyncio.sleep(0)
+        dev.launch(noop, (1,), (1,), (3,))
+    return None
+
+async def main():
+    async def awaiting(fut):
+        return await fut
+    for lane in dev.lanes:
+        fc.hold(lane.stream)             # the work still runs while they start awaiting ...
+    waited = asyncio.gather(awaiting(dev.launch(noop, (1,), (1,), (1,))),
+                            awaiting(dev.launch(noop, (1,), (1,), (2,))))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    print("parked", rt.hub.awaiting == 2 and not waited.done())
+    for lane in dev.lanes:
+        fc.release(lane.stream)          # ... and is done now: nobody tells the waiter
+    n = await woken_after(waited)
+    print("awaiters woken", n is not None and n <= 4, n)
+    gathered = asyncio.gather(dev.launch(noop, (1,), (1,), (1,)), dev.launch(noop, (1,), (1,), (2,)))
+    n = await woken_after(gathered)
+    print("callbacks woken", n is not None and n <= REAP_AT + 4, n)
+
+asyncio.run(main())
+gate.set()
+print("leaks", rt.leaks(5))
+rt.close()
+""")
+    assert "parked True" in out and "awaiters woken True" in out, out
+    assert "callbacks woken True" in out, out
+    assert "leaks {}" in out, out
