@@ -39,7 +39,8 @@ class CompletionHooks:
 
     def retain_key(self, key: int) -> None:
         """``key`` is named by work being encoded: keep it from reuse until ``release_key``.
-        Under the lock. Default: nothing (keys that are not resources)."""
+        Under the lock. Neither is called when the hub's ``keys_are_resources`` is False (set
+        in the backend's ``__init__``: keys that are plain counters, as CUDA's)."""
 
     def release_key(self, key: int) -> None:
         """The completion object ``key`` may be reused (nobody reads it any more). Under the

@@ -1,15 +1,18 @@
 # The hub's fields as C slots (hub.py is the source; this only types it). Backends subclass it
 # in Python (their waiter's state lives in the subclass).
+cimport cython
 from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.interrupts cimport RawLock
 
 cdef class Hub:
     cdef public object lock
-    cdef public object state_lock
+    cdef public RawLock state_lock
     cdef public object _backlog
     cdef public set _queued
     cdef public int _slow
     cdef public object watchdog_s
     cdef public double spin_s
+    cdef public bint keys_are_resources
     cdef public int awaiting
     cdef public dict _pending
     cdef public object _events
@@ -29,6 +32,7 @@ cdef class Hub:
     # (The settling and retiring steps, called as C functions with the future's fields as C
     # slots; ``_retire`` is also the deferred work's.)
     cpdef _unwatch(self, GPUFuture fut)
+    @cython.locals(lock=RawLock)
     cpdef _settle_done(self, GPUFuture fut, dict posts)
     cpdef _wake_awaiters(self, GPUFuture fut, object ports, object callbacks, object event, dict posts)
     cpdef _retire(self, GPUFuture fut)

@@ -18,7 +18,7 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Iterable, Iterator
 
-from .interrupts import InterruptSafeLock
+from .interrupts import InterruptSafeLock, RawLock
 from .. import trace as _trace
 from ..backend import CompletionHooks
 from ..errors import DeviceLost, GPUError
@@ -37,7 +37,7 @@ class Hub:
 
     def __init__(self, *, watchdog_s: float | None = None, spin_s: float = 0.0):
         self.lock = InterruptSafeLock()
-        self.state_lock = threading.Lock()
+        self.state_lock = RawLock()
         # Work for whoever holds ``lock``: (future or None for the watchdog, host-side failure,
         # whether the item was counted in ``_slow``, retire it).
         self._backlog: deque[tuple] = deque()
@@ -46,6 +46,10 @@ class Hub:
         self.lock.backlog, self.lock.drain = self._backlog, self._drain
         self.watchdog_s = watchdog_s
         self.spin_s = spin_s
+        # Whether a completion key names a reusable resource (an HSA pool signal): then work
+        # naming it retains it and retirement releases it (``retain_key``/``release_key``);
+        # a backend whose keys are plain counters (CUDA) sets it False, and neither is called.
+        self.keys_are_resources = True
         self.awaiting = 0            # futures being awaited now (the spin policy reads it)
         self._pending: dict[int, GPUFuture] = {}
         self._events: deque[Callable[[], None]] = deque()
@@ -156,7 +160,8 @@ class Hub:
         from reuse until ``fut`` retires); when ``semantic``, ``fut`` also fails if ``on``
         fails. Call under lock with ``on`` not yet retired. For work encoded outside
         ``submit`` (an HSA graph replay's futures)."""
-        self.retain_key(on.signal)  # type: ignore[attr-defined]
+        if self.keys_are_resources:
+            self.retain_key(on.signal)  # type: ignore[attr-defined]
         fut._add_dep_signal(on.signal)
         if semantic:
             on._add_dependent(fut)
@@ -210,13 +215,15 @@ class Hub:
 
     def discard(self, fut: GPUFuture) -> None:
         """Forget a future whose work was never submitted (under lock)."""
-        for key in fut._dep_signals:
-            self.release_key(key)
+        if self.keys_are_resources:
+            for key in fut._dep_signals:
+                self.release_key(key)
         fut._dep_signals = ()
         if fut.signal:
             if self._pending.get(fut.signal) is fut:
                 self._unwatch(fut)
-            self.release_key(fut.signal)
+            if self.keys_are_resources:
+                self.release_key(fut.signal)
         fut.signal, fut.retired = 0, True
 
     def _unwatch(self, fut: GPUFuture) -> None:
@@ -324,13 +331,17 @@ class Hub:
 
     def _settle_done(self, fut: GPUFuture, posts: dict) -> None:
         """Mark ``fut`` done (successfully) and collect its awaiters, unless settled already."""
-        with self.state_lock:
+        lock = self.state_lock          # (its C calls, compiled: this runs per operation)
+        lock._take(True, -1.0)
+        try:
             if fut._state != PENDING:
                 return
             fut._state = DONE
             ports, fut._ports = fut._ports, None
             callbacks, fut._callbacks = fut._callbacks, ()
             event = fut._event
+        finally:
+            lock._give()
         self._wake_awaiters(fut, ports, callbacks, event, posts)
 
     def _wake_awaiters(self, fut: GPUFuture, ports: dict | None, callbacks: list | tuple, event: Any,
@@ -451,11 +462,12 @@ class Hub:
             except Exception:  # noqa: BLE001 - one failed release must not stop the others
                 log.exception("releasing what %r held failed", fut)
         fut._cleanup = ()
-        for key in fut._dep_signals:
-            self.release_key(key)
+        if self.keys_are_resources:
+            for key in fut._dep_signals:
+                self.release_key(key)
+            if fut.signal:
+                self.release_key(fut.signal)
         fut._dep_signals = ()
-        if fut.signal:
-            self.release_key(fut.signal)
         fut.keep = ()
         fut._dependents = ()
         if fut._exc is None:

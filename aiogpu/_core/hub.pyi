@@ -5,7 +5,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, ContextManager, Generator, Iterable, Iterator
 
-from .interrupts import InterruptSafeLock
+from .interrupts import InterruptSafeLock, RawLock
 from ..backend import CompletionHooks
 from .futures import GPUFuture
 
@@ -15,12 +15,13 @@ def _members_done(join: GPUFuture) -> bool: ...
 
 class FutureHub(CompletionHooks):
     lock: InterruptSafeLock
-    state_lock: threading.Lock
+    state_lock: RawLock
     _backlog: deque[tuple]
     _queued: set
     _slow: int
     watchdog_s: float | None
     spin_s: float
+    keys_are_resources: bool
     awaiting: int
     _pending: dict[int, GPUFuture[Any]]
     _events: deque[Callable[[], None]]

@@ -23,10 +23,13 @@ from .hazards import BufferState, record
 
 # The waits of an operation with no dependency (encoders only read them).
 _NO_WAITS: tuple = ()
-# Pending futures at which the loop stops leaving their retirement to the waiter thread (a
-# submission reaps, and so may a backend's spin): batches this big cost little per future, and
-# what a request held still dies young (before a garbage collection promotes it).
+# Pending futures at which a loop that awaits stops leaving their retirement to the waiter
+# thread (its submissions reap, and so may a backend's spin): batches this big cost little per
+# future, and what a request held still dies young (before a garbage collection promotes it).
 REAP_AT = 32
+# ... and at which a loop that only submits does (the waiter retires bigger batches for less,
+# so it is left the work while it keeps this close).
+REAP_MAX = 1024
 
 
 def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: list,
@@ -123,12 +126,11 @@ def live(deps: Iterable[GPUFuture]) -> list:
 
 def reap(rt: Any) -> int:
     """At a submission's start, outside the lock: while other work is awaited, or once the
-    waiter has fallen behind (``REAP_AT`` futures pending), settle and retire what the device
-    has finished (``CompletionHooks.reap``), so that a loop busy submitting wakes its own
-    awaiters, and frees what their work held while it is young, without waiting for the
-    waiter thread to get the GIL."""
+    waiter has fallen ``REAP_MAX`` futures behind, settle and retire what the device has
+    finished (``CompletionHooks.reap``), so that a loop busy submitting wakes its own awaiters,
+    and frees what their work held, without waiting for the waiter thread to get the GIL."""
     hub = rt.hub
-    if hub.awaiting or len(hub._pending) >= REAP_AT:
+    if hub.awaiting or len(hub._pending) >= REAP_MAX:
         hub.reap()
     return 0
 
@@ -312,7 +314,8 @@ def _submitted(rt: Any, fut: GPUFuture, deps: dict, waits: Sequence, keys: Itera
     hub = rt.hub
     if keys and not fut.retired:     # (retired while encoded: see below; it names nothing now)
         for key in keys:
-            hub.retain_key(key)
+            if hub.keys_are_resources:
+                hub.retain_key(key)
             fut._add_dep_signal(key)
     if waits:
         host_deps = None

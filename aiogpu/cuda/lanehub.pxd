@@ -11,7 +11,7 @@ cdef object _watch(object hub, GPUFuture fut)
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
 @cython.locals(h=Hub, steps=bint)
 cdef bint _completed_now(object hub, GPUFuture fut) except -1
-@cython.locals(lane=Lane, first=GPUFuture, upto=cython.longlong)
+@cython.locals(h=Hub, lane=Lane, first=GPUFuture, upto=cython.longlong, found=list, item=tuple)
 cdef int _reap(object hub) except -1
 @cython.locals(h=Hub)
 cdef int _hit(object hub, object lane, GPUFuture fut, double waited) except -1

@@ -190,6 +190,10 @@ def _completed_now(hub: Any, fut: GPUFuture) -> bool:
 
 
 def _reap(hub: Any) -> int:
+    """Settle the prefix of each lane that its completion word shows done: every lane under one
+    hold of ``_observe``, their awaiters and retirements in one flush."""
+    h = hub
+    found = None
     for lane in hub.lanes:
         pending = lane.pending
         if pending and lane.word is not None:
@@ -199,7 +203,16 @@ def _reap(hub: Any) -> int:
             except IndexError:           # (the waiter took it meanwhile)
                 continue
             if first.ticket <= upto:
-                _observed(hub, lane, upto, 0)
+                if found is None:
+                    found = []
+                found.append((lane, upto))
+    if found is None:
+        return 0
+    posts: dict = {}
+    with hub._observe:
+        for item in found:
+            _take(hub, item[0], item[1], posts)
+    h._flush(posts)
     return 0
 
 

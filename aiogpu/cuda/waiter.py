@@ -27,9 +27,9 @@ a completion reaches an awaiter, fastest first:
    then falls behind: so the loop *reaps* itself (``LaneHub.reap``: each lane's completion
    word, one memory load, and the prefix it shows done settled and retired in one batch)
    when a spin's hit finds ``REAP_AT`` futures pending, and at a submission while other work
-   is awaited (parked awaiters of a busy loop are woken by its next submission, not by a
-   thread hand-off; what a request held is freed while it is young, before garbage
-   collections promote it). A bounded timeout guards
+   is awaited or ``REAP_MAX`` futures are pending (``_core.submit.reap``): parked awaiters of
+   a busy loop are woken by its next submission, not by a thread hand-off, and what a request
+   held is freed while it is young, before garbage collections promote it. A bounded timeout guards
    against a lost wake-up and retires futures nobody awaits (5 ms while such work is pending,
    else 100 ms), so an idle runtime waiting on a long kernel wakes ~10 times a second; work
    submitted while it sleeps the long guard wakes it once (``watch``), to sleep the short one.
@@ -65,6 +65,7 @@ class CudaHub(LaneHub, FutureHub):
 
     def __init__(self, *, spin_s: float = DEFAULT_SPIN_S, watchdog_s: float | None = None):
         super().__init__(watchdog_s=watchdog_s, spin_s=spin_s)
+        self.keys_are_resources = False       # (a key is a counter: nothing to retain)
         self.sem = D.Semaphore()
         self.lanes: list[Any] = []
         self._keys = itertools.count(1)

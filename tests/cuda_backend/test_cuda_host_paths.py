@@ -306,7 +306,7 @@ STALLED_WAITER = r"""
 import asyncio, threading
 import numpy as np
 import aiogpu
-from aiogpu._core.submit import REAP_AT
+from aiogpu._core.submit import REAP_AT, REAP_MAX
 from aiogpu.cuda.waiter import CudaHub
 
 @aiogpu.kernel("f32*, const f32*, u32", cuda='extern "C" __global__ void k2(float* y, const float* x, unsigned n) {}')
@@ -366,10 +366,10 @@ def test_parked_awaiters_are_woken_by_the_loops_submissions_when_the_waiter_fall
     the waiter unable to run, the next submission on the same loop settles what the device
     finished and wakes them, with no thread hand-off. Futures gathered as they are (their
     done-callbacks wait, no task awaits them) are woken once the waiter has fallen
-    ``REAP_AT`` futures behind."""
+    ``REAP_MAX`` futures behind."""
     out = run(STALLED_WAITER + r"""
 async def woken_after(waited):
-    for i in range(3 * REAP_AT):
+    for i in range(REAP_MAX + 8):
         if waited.done():
             return i
         await asyncio.sleep(0)
@@ -392,7 +392,7 @@ async def main():
     print("awaiters woken", n is not None and n <= 4, n)
     gathered = asyncio.gather(dev.launch(noop, (1,), (1,), (1,)), dev.launch(noop, (1,), (1,), (2,)))
     n = await woken_after(gathered)
-    print("callbacks woken", n is not None and n <= REAP_AT + 4, n)
+    print("callbacks woken", n is not None and n <= REAP_MAX + 4, n)
 
 asyncio.run(main())
 gate.set()
