@@ -130,7 +130,7 @@ def reap(rt: Any) -> int:
     finished (``CompletionHooks.reap``), so that a loop busy submitting wakes its own awaiters,
     and frees what their work held, without waiting for the waiter thread to get the GIL."""
     hub = rt.hub
-    if hub.awaiting or len(hub._pending) >= REAP_MAX:
+    if (hub.awaiting or len(hub._pending) >= REAP_MAX) and not rt.closed:
         hub.reap()
     return 0
 

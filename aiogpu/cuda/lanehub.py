@@ -180,7 +180,7 @@ def _completed_now(hub: Any, fut: GPUFuture) -> bool:
     when the awaiter may return the future's value unsettled (it has no host steps)."""
     h = hub
     steps = fut.on_complete or fut.host_deps or fut.members is not None
-    if len(h._pending) >= REAP_AT:
+    if len(h._pending) >= REAP_AT and not h.lock.raw._is_owned():
         _reap(hub)                       # (its own lane's prefix too, host steps and all)
     elif steps:
         hub.observed(fut.lane, fut.ticket, 0)
