@@ -23,3 +23,5 @@ cdef int _take(object hub, Lane lane, long long ticket, dict posts) except -1
 cdef int _complete_each(object hub, list completed, dict posts) except -1
 @cython.locals(h=Hub)
 cdef int _settle_batch(object hub, list completed) except -1
+@cython.locals(lane=Lane)
+cdef int _wake_for(object hub, GPUFuture fut) except -1

@@ -55,6 +55,11 @@ class LaneHub:
         ``UNCOVERED_GUARD_S`` of completing, as on HSA."""
         return _watch(self, fut)
 
+    def _wake_for(self, fut: GPUFuture) -> None:
+        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
+        its lane is armed (``FutureHub.arm`` decides who is waited for)."""
+        _wake_for(self, fut)
+
     def observe(self, fut: GPUFuture) -> None:
         """``done()``: read the lane's completion word (one memory load) and settle the lane's
         prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
@@ -292,4 +297,22 @@ def _complete_each(hub: Any, completed: list, posts: dict) -> int:
                     exc = GPUError(f"{fut.label}: completing on the host failed: {e}")
             fut.on_complete = None       # (run once, even when a rescan sees it again)
         h._completed(fut, exc, posts)
+    return 0
+
+
+def _wake_for(hub: Any, fut: GPUFuture) -> int:
+    lane = fut.lane
+    if lane is None or lane.armed >= fut.ticket:     # (None: settled on the host, a compile)
+        return 0
+    # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
+    # leaves ``armed`` behind, and the next arm queues one more wake-up.
+    with hub.lock.raw:
+        if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
+            return 0
+        err = lane.arm(hub.sem_post, hub.sem.address)
+        hub.arms += 1
+        if err == 0:
+            lane.armed = lane.ticket
+        else:                      # a broken context: let the waiter find out now
+            hub.sem.post()
     return 0

@@ -72,27 +72,12 @@ class CudaHub(LaneHub, FutureHub):
         self.spin_hits = 0
         self.spin_misses = 0
         self.arms = 0
+        self.sem_post = D.SEM_POST            # (libc's sem_post, the wake-up host function)
         self._observe = threading.RLock()
         self.start()
 
     # -- futures ---------------------------------------------------------------------------------
-    def _wake_for(self, fut: GPUFuture) -> None:
-        """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
-        its lane is armed (``FutureHub.arm`` decides who is waited for)."""
-        lane = fut.lane
-        if lane is None or lane.armed >= fut.ticket:     # (None: settled on the host, a compile)
-            return
-        # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
-        # leaves ``armed`` behind, and the next arm queues one more wake-up.
-        with self.lock.raw:
-            if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
-                return
-            err = lane.arm(D.SEM_POST, self.sem.address)
-            self.arms += 1
-            if err == 0:
-                lane.armed = lane.ticket
-            else:                      # a broken context: let the waiter find out now
-                self.sem.post()
+    # (``_wake_for``: LaneHub's, compiled: every parked await of a busy service arms its lane.)
 
     def wake(self) -> None:
         self.sem.post()
