@@ -78,7 +78,8 @@ class CompletionHooks:
         """Settle and retire, on the calling thread, the work whose completion reads done
         without a driver call (CUDA: each lane's completion word, one memory load). The core
         calls it outside any section of the lock when work is submitted while other work is
-        awaited (the CUDA spin also calls it when the waiter has fallen behind). A busy loop so finds
+        awaited or once the waiter has fallen ``REAP_MAX`` futures behind (``_core.submit.reap``;
+        the CUDA spin also calls it at ``REAP_AT``). A busy loop so finds
         its completions itself, rather than waiting for the waiter thread to get the GIL, and
         what they held is freed while it is young (the garbage collector does not see it
         survive). Never raises what a completion step raises (that fails its future). Default:

@@ -9,10 +9,10 @@ from aiogpu.cuda.encode cimport Lane
 @cython.locals(h=Hub, lane=Lane)
 cdef object _watch(object hub, GPUFuture fut)
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
-@cython.locals(h=Hub, steps=bint)
+@cython.locals(h=Hub, steps=bint, reaped=bint)
 cdef bint _completed_now(object hub, GPUFuture fut) except -1
 @cython.locals(h=Hub, lane=Lane, first=GPUFuture, upto=cython.longlong, found=list, item=tuple)
-cdef int _reap(object hub) except -1
+cdef bint _reap(object hub) except -1
 @cython.locals(h=Hub)
 cdef int _hit(object hub, object lane, GPUFuture fut, double waited) except -1
 @cython.locals(h=Hub)

@@ -70,8 +70,7 @@ class LaneHub:
     def reap(self) -> None:
         """Settle each lane's prefix that its completion word shows done (see
         ``CompletionHooks.reap``); lanes without a word are left to the waiter's scan."""
-        if not self.lock.raw._is_owned():     # type: ignore[attr-defined]  (as ``observe``)
-            _reap(self)
+        _reap(self)
 
     # -- observing lanes -------------------------------------------------------------------------
     # Completions are observed and settled without the runtime lock (see ``FutureHub``); the
@@ -185,19 +184,22 @@ def _completed_now(hub: Any, fut: GPUFuture) -> bool:
     when the awaiter may return the future's value unsettled (it has no host steps)."""
     h = hub
     steps = fut.on_complete or fut.host_deps or fut.members is not None
-    if len(h._pending) >= REAP_AT and not h.lock.raw._is_owned():
-        _reap(hub)                       # (its own lane's prefix too, host steps and all)
-    elif steps:
+    # (A reap settles its own lane's prefix too, host steps and all.)
+    reaped = len(h._pending) >= REAP_AT and _reap(hub)
+    if not reaped:
+        if not steps:
+            return True
         hub.observed(fut.lane, fut.ticket, 0)
-    else:
-        return True
     return not steps and fut._state == PENDING
 
 
-def _reap(hub: Any) -> int:
+def _reap(hub: Any) -> bool:
     """Settle the prefix of each lane that its completion word shows done: every lane under one
-    hold of ``_observe``, their awaiters and retirements in one flush."""
+    hold of ``_observe``, their awaiters and retirements in one flush. Not inside this thread's
+    section of the runtime lock (as ``observe``): there it does nothing and returns False."""
     h = hub
+    if h.lock.raw._is_owned():
+        return False
     found = None
     for lane in hub.lanes:
         pending = lane.pending
@@ -212,13 +214,13 @@ def _reap(hub: Any) -> int:
                     found = []
                 found.append((lane, upto))
     if found is None:
-        return 0
+        return True
     posts: dict = {}
     with hub._observe:
         for item in found:
             _take(hub, item[0], item[1], posts)
     h._flush(posts)
-    return 0
+    return True
 
 
 def _hit(hub: Any, lane: Any, fut: GPUFuture, waited: float) -> int:
