@@ -8,6 +8,7 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState
+from aiogpu._core.interrupts cimport InterruptSafeLock
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.submit cimport reap
 
@@ -62,5 +63,5 @@ cpdef _free(object buf)
 @cython.locals(rt=RuntimeState, memory=DeviceMemory)
 cpdef object alloc_plain(DeviceState device, object nbytes)
 
-@cython.locals(s=BufferState, rt=RuntimeState, fut=GPUFuture)
+@cython.locals(s=BufferState, rt=RuntimeState, fut=GPUFuture, lock=InterruptSafeLock)
 cpdef object _to_numpy(object buf, object dtype)

@@ -431,7 +431,9 @@ def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
         raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "
                         "your own, aiogpu.copy(out, buf), and read it after each replay")
     reap(rt)     # (others' finished work first: see submit.reap)
-    with rt.lock:     # a new array in the runtime's pinned memory: no pinning per call
+    lock = rt.lock    # a new array in the runtime's pinned memory: no pinning per call
+    lock.enter()
+    try:
         if rt.closed:
             rt._check_open()
         out, address, ptr = rt.pinned.empty_at(s.nbytes, dtype)
@@ -439,6 +441,8 @@ def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
             out = out.reshape(shape)
         # (In the same section: one Ctrl-C hold, not two.)
         fut = _copies.download(rt, s, out, address, ptr)
+    finally:
+        lock.exit()
     fut.value = out
     return fut
 

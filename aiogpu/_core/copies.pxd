@@ -6,6 +6,7 @@ from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState, HostRange
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.hub cimport Hub
+from aiogpu._core.interrupts cimport InterruptSafeLock
 from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live, reap
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
@@ -55,6 +56,7 @@ cpdef CopySide side(RuntimeState rt, object obj, object nbytes)
 cdef tuple route(CopySide d, CopySide s)
 @cython.locals(root=BufferState)
 cpdef object plain_upload_bytes(RuntimeState rt, BufferState dst, object src, object host_dtypes)
+@cython.locals(lock=InterruptSafeLock)
 cpdef object upload_plain(RuntimeState rt, BufferState dst, object src, object host_dtypes)
 cpdef object download(RuntimeState rt, BufferState buf, object out, object address, object ptr)
 @cython.locals(op=CopyOp, reads=list, writes=list, device=DeviceState)

@@ -212,10 +212,14 @@ def upload_plain(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> Any:
     if not nbytes:
         return None
     reap(rt)
-    with rt.lock:
+    lock = rt.lock
+    lock.enter()
+    try:
         if rt.closed:
             return None
         return submit(rt, side(rt, dst, nbytes), side(rt, src, nbytes), nbytes, [], [dst, src])
+    finally:
+        lock.exit()
 
 
 def download(rt: Any, buf: Any, out: Any, address: int, ptr: int) -> Any:

@@ -96,7 +96,9 @@ class GPUFuture:
         self._dependents: list[GPUFuture] | tuple = ()
         self._dep_signals: list[int] | tuple = ()   # signals of other futures that our packets name
         self.retired = signal == 0          # the device is done with it (resources freed)
-        self.preds: list[GPUFuture] = []    # earlier work it was ordered after (see ordering)
+        # Earlier work it was ordered after (what it inherits if it fails without running: see
+        # hazards), an empty tuple until the first (``add_preds``).
+        self.preds: list[GPUFuture] | tuple = ()
         self._on_retire: list[Callable[[], None]] | tuple = ()   # run once it has retired
         self._retiring = False              # a failed future waiting for its preds to retire
         self.label = label
@@ -549,3 +551,12 @@ def completed_future(hub: Any, label: str = "",
     if hub is not None and _trace.active is not None:
         _trace.active.record(fut, None, ran=False)
     return fut
+
+
+def add_preds(fut: Any, items: list) -> None:
+    """Order ``fut`` after ``items`` as well (``GPUFuture.preds``: what a future that fails
+    without running hands on to its readers, and what it retires after)."""
+    if type(fut.preds) is list:
+        fut.preds.extend(items)
+    elif items:
+        fut.preds = [*fut.preds, *items]

@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import DeviceLost, GPUError
-from .futures import GPUFuture, completed_future
+from .futures import GPUFuture, add_preds, completed_future
 
 
 class HostRange:
@@ -434,10 +434,10 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
     device = [s for s in states if not (isinstance(s, HostRange) and s.buffer is None)]
     for state in device:
         if isinstance(state, HostRange):
-            fut.preds.extend([*state.writers(), *state.readers()])
+            add_preds(fut, [*state.writers(), *state.readers()])
         else:
             prune(state)
-            fut.preds.extend(f for f in [state.last_write, *state.reads] if f is not None)
+            add_preds(fut, [f for f in [state.last_write, *state.reads] if f is not None])
     record(fut, [], device)
     return fut
 
@@ -445,9 +445,13 @@ def failed_without_running(hub: Any, label: str, err: GPUError, writes: Iterable
 def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable[GPUFuture] = ()) -> None:
     """Make ``fut`` (a GPUFuture, or a GraphNode at capture) the last writer of ``writes`` and a reader of the other ``reads``; ``deps``
     (what it waits for) are remembered in case it fails without running."""
-    preds = fut.preds
+    preds = None
     for d in deps:
         if not d.retired:
+            if preds is None:
+                if type(fut.preds) is not list:     # (the first: see GPUFuture.preds)
+                    fut.preds = [*fut.preds]
+                preds = fut.preds
             preds.append(d)
     if type(writes) is not list:
         writes = list(writes)

@@ -2,10 +2,10 @@
 # in Python (their waiter's state lives in the subclass).
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
-from aiogpu._core.interrupts cimport RawLock
+from aiogpu._core.interrupts cimport InterruptSafeLock, RawLock
 
 cdef class Hub:
-    cdef public object lock
+    cdef public InterruptSafeLock lock
     cdef public RawLock state_lock
     cdef public object _backlog
     cdef public set _queued
@@ -13,6 +13,7 @@ cdef class Hub:
     cdef public object watchdog_s
     cdef public double spin_s
     cdef public bint keys_are_resources
+    cdef public long long _last_key
     cdef public int awaiting
     cdef public dict _pending
     cdef public object _events

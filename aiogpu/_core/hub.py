@@ -48,8 +48,10 @@ class Hub:
         self.spin_s = spin_s
         # Whether a completion key names a reusable resource (an HSA pool signal): then work
         # naming it retains it and retirement releases it (``retain_key``/``release_key``);
-        # a backend whose keys are plain counters (CUDA) sets it False, and neither is called.
+        # a backend whose keys are plain counters (CUDA) sets it False: then neither is
+        # called, and the keys are this hub's own count (``_last_key``), not ``_new_key``'s.
         self.keys_are_resources = True
+        self._last_key = 0
         self.awaiting = 0            # futures being awaited now (the spin policy reads it)
         self._pending: dict[int, GPUFuture] = {}
         self._events: deque[Callable[[], None]] = deque()
@@ -134,9 +136,13 @@ class Hub:
             self.wake()
 
     def new_future(self, label: str) -> GPUFuture:
-        """A pending future with a fresh completion key (``_new_key``), not watched yet: the
-        submission watches it once its work is encoded (under the lock)."""
-        return GPUFuture(self, label, self._new_key())
+        """A pending future with a fresh completion key (``_new_key``, or the next count where
+        keys are no resources), not watched yet: the submission watches it once its work is
+        encoded (under the lock)."""
+        if self.keys_are_resources:
+            return GPUFuture(self, label, self._new_key())
+        self._last_key += 1
+        return GPUFuture(self, label, self._last_key)
 
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching a pending future whose ``signal`` is set (call under lock).
@@ -471,7 +477,7 @@ class Hub:
         fut.keep = ()
         fut._dependents = ()
         if fut._exc is None:
-            fut.preds = []   # it finished after them: nothing to inherit
+            fut.preds = ()   # it finished after them: nothing to inherit
         callbacks, fut._on_retire = fut._on_retire, ()
         for fn in callbacks:
             fn()

@@ -21,7 +21,7 @@ cdef object _monotonic
 cdef int _enter() except -1
 cdef object _exit()
 cdef int _uninstall() except -1
-cdef int _leave() except -1
+cdef int _leave(int up=*) except -1
 
 cdef class RawLock:
     cdef PyThread_type_lock _lock
@@ -39,3 +39,6 @@ cdef class InterruptSafeLock:
     cdef public int _held
     cdef public object backlog
     cdef public object drain
+    cpdef int enter(self) except -1
+    cpdef int exit(self) except -1
+    cdef int _exit(self, int up) except -1

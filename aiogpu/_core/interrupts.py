@@ -284,6 +284,17 @@ class InterruptSafeLock:
         self.drain: Callable[[], None] | None = None
 
     def __enter__(self) -> "InterruptSafeLock":
+        self.enter()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._exit(3)
+
+    def enter(self) -> int:
+        """``with``'s entry as a call (compiled, a C call: the per-operation sections take
+        the lock by ``enter()``, ``try``, and ``exit()`` in ``finally``, without looking
+        ``__enter__`` and ``__exit__`` up and binding them each time)."""
         if PyThread_get_thread_ident() == _MAIN:
             _enter()                      # before acquiring: a Ctrl-C cannot leave it acquired
             try:
@@ -296,16 +307,22 @@ class InterruptSafeLock:
         self._held += 1
         if self._held == 1 and self.backlog:
             self.drain()                  # type: ignore[misc]
-        return self
+        return 0
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def exit(self) -> int:
+        """``with``'s exit as a call: runs the backlog, releases the lock, then raises what a
+        Ctrl-C held back during the section raises (KeyboardInterrupt, by default)."""
+        return self._exit(3)
+
+    def _exit(self, up: int) -> int:
+        """``exit``; interpreted, the section's frame is ``up`` frames above ``_leave``'s."""
         if self._held == 1 and self.backlog:
             self.drain()                  # type: ignore[misc]
         self._held -= 1
         self.raw._give()
         if PyThread_get_thread_ident() == _MAIN:
-            _leave()
+            _leave(up)
+        return 0
 
     def try_run(self, fn: Callable[..., Any], *args: Any) -> bool:
         """Run ``fn(*args)`` under the lock if this thread can take it at once (it is free, or
@@ -336,13 +353,14 @@ class InterruptSafeLock:
         self.raw.release()
 
 
-def _leave() -> int:
+def _leave(up: int = 2) -> int:
     """End a hold of the main thread (from a lock's method) and run a held-back SIGINT's
-    handler (it raises, by default), given the frame of the lock's caller."""
+    handler (it raises, by default), given the frame of the lock's caller (interpreted: ``up``
+    frames above this function's)."""
     previous = _exit()
     if previous is not None:
         # (Compiled, the lock's methods and this function have no Python frame.)
-        previous(SIGINT, sys._getframe(0 if cython.compiled else 2))
+        previous(SIGINT, sys._getframe(0 if cython.compiled else up))
     return 0
 
 

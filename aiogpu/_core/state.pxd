@@ -1,7 +1,9 @@
 # The runtime's and the device's per-operation fields as C slots (state.py is the source; this
 # only types it). Runtime and Device derive from these in Python.
+from aiogpu._core.interrupts cimport InterruptSafeLock
+
 cdef class RuntimeState:
-    cdef public object lock
+    cdef public InterruptSafeLock lock
     cdef public object hub
     cdef public object hazards
     cdef public object pinned

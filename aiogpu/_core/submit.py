@@ -18,7 +18,7 @@ from . import hazards
 from . import deferred
 from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
-from .futures import PENDING, GPUFuture
+from .futures import PENDING, GPUFuture, add_preds
 from .hazards import BufferState, record
 
 # The waits of an operation with no dependency (encoders only read them).
@@ -207,7 +207,9 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
             elif type(value) is not float or not -high <= value <= high:
                 return None
     reap(rt)
-    with rt.lock:
+    lock = rt.lock
+    lock.enter()
+    try:
         if rt.closed or device.broken is not None:
             return None
         loaded = device._kernels.get(kernel)
@@ -229,6 +231,8 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
                         blockers)
                 deps = resolved
         return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, deps, reads, writes)
+    finally:
+        lock.exit()
 
 
 def _launch_after(rt: Any, device: Any, loaded: Any, label: str, shape: tuple, values: Any, lengths: list,
@@ -370,9 +374,7 @@ def track(rt: Any, fut: GPUFuture, reads: Iterable, writes: Iterable, deps: Iter
     if rt._replaying:
         # Deferred work being submitted: its Deferred future recorded the hazards and holds
         # the buffers since the call (deferred.py); the submitted work only waits and cleans.
-        for d in deps:
-            if not d.retired:
-                fut.preds.append(d)
+        add_preds(fut, [d for d in deps if not d.retired])
         fut.keep = [*fut.keep, *keep]
         fut._cleanup = [*fut._cleanup, *cleanup]
         return

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..device import check_args
 from ..errors import GPUError
-from ..futures import GPUFuture
+from ..futures import GPUFuture, add_preds
 from ..graph import Graph, GraphExec, GraphNode
 from ..hsa_bindings import packets as P
 from ..kernels import copy_kernel
@@ -296,7 +296,7 @@ class HsaGraphExec(GraphExec):
         kernargs = {offset + i: data for i, data in kernargs.items()}
         for fut, _ in marks:
             fut.device, fut.kind = lane.device, "dispatch"
-            fut.preds.extend(head + waits)     # a node is ordered after the lane's waits
+            add_preds(fut, head + waits)     # a node is ordered after the lane's waits
         lane.device._track_on(segment, lane.queue, [], [], head + waits)
         hub.depend(replay, segment)
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs,
@@ -319,7 +319,7 @@ class HsaGraphExec(GraphExec):
         for d in head:
             hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
-        fut.preds.extend(waits)
+        add_preds(fut, waits)
         hub.depend(replay, fut)
         try:
             name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,

@@ -24,7 +24,7 @@ from ..errors import DeviceLost, GPUError
 from ..hsa_bindings import atomics
 from ..hsa_bindings import packets as P
 from ..hsa_bindings import types as T
-from ..futures import GPUFuture
+from ..futures import GPUFuture, add_preds
 from .signals import CompletionHub
 
 DEFAULT_RING = 1024
@@ -250,7 +250,7 @@ class AqlQueue:
         fut = self.hub.watch(self.hub.new_future(f"{main.label} (part {index})"))
         fut.device, fut.kind, fut.queue = getattr(self, "device", None), "barrier", self.name
         fut._add_dependent(main)         # a failed part fails the whole group
-        main.preds.append(fut)               # and the group completes only after its parts
+        add_preds(main, [fut])             # and the group completes only after its parts
         fut._cleanup = [*fut._cleanup, lambda: self.retired(fut)]
         return fut
 
