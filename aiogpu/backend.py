@@ -34,7 +34,8 @@ class CompletionHooks:
 
     def _new_key(self) -> int:
         """A fresh completion key for a future about to be encoded (non-zero; HSA: a pool
-        signal set to 1; CUDA: a counter). Under the lock."""
+        signal set to 1). Under the lock. Not called where ``keys_are_resources`` is False
+        (CUDA): the hub then counts the keys itself."""
         raise NotImplementedError
 
     def retain_key(self, key: int) -> None:

@@ -200,6 +200,10 @@ async def rt_memop_poll(raw: Raw, n: int) -> list[float]:
     return out
 
 
+def _noop_handler(signum: int, frame: Any) -> None:
+    pass
+
+
 def call_costs(rt: Any, raw: Raw) -> dict:
     """Microseconds per call of the hot driver calls on each hot-path implementation,
     cuda-bindings and the C extension (where it is built), and of aiogpu's launch() submission
@@ -263,6 +267,28 @@ def call_costs(rt: Any, raw: Raw) -> dict:
             futs[-1].wait(30)
         finally:
             D.HOT = saved
+
+    # The same submissions from a coroutine: on a running loop the Ctrl-C hold's handler swap
+    # happens once per loop iteration, not twice per launch (``aiogpu._core.interrupts``).
+    async def in_loop() -> float:
+        futs, t = [], time.perf_counter()
+        for _ in range(2000):
+            futs.append(dev.launch(noop, (1,), (1,), (0,)))
+        us = (time.perf_counter() - t) / 2000 * 1e6
+        await futs[-1]
+        return us
+
+    res["submit_us_aiogpu_launch_in_loop"] = _uvloop_run(in_loop())
+    # What one handler swap pair costs here: two sigaction calls, through the C module that
+    # the hold calls (``signal.signal`` adds an enum conversion each way).
+    import _signal  # type: ignore[import-not-found]
+    handler = _signal.getsignal(_signal.SIGINT)
+    if callable(handler):
+        t = time.perf_counter()
+        for _ in range(2000):
+            _signal.signal(_signal.SIGINT, _noop_handler)
+            _signal.signal(_signal.SIGINT, handler)
+        res["call_us_sigint_swap_pair"] = (time.perf_counter() - t) / 2000 * 1e6
     cu.cuEventDestroy(ev)
     return res
 

@@ -9,7 +9,8 @@ from ..memory import Buffer
 from . import driver as D
 from . import nvrtc
 from .driver import cu
-from .encode import Lane, LoadedCudaKernel, _generation, _tls, encode_kernel
+from . import encode as _encode
+from .encode import Lane, LoadedCudaKernel, encode_kernel
 from .streams import CompletionWords, EventPool
 
 class CudaDevice(Device):
@@ -59,9 +60,7 @@ class CudaDevice(Device):
         return f"<CudaDevice {self.name} {self.product} {self.isa} (cuda)>"
 
     def make_current(self) -> None:
-        # (driver.make_current's test inlined: this runs once per operation submitted)
-        if getattr(_tls, "ctx", None) != (self.ctx_handle, _generation[0]):
-            D.make_current(self.ctx, self.ctx_handle)
+        _encode.make_current(self)
 
     # -- hooks: memory -------------------------------------------------------------------------
     def _raw_alloc(self, size: int) -> int:

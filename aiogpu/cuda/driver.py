@@ -26,6 +26,7 @@ from cuda.bindings import driver as cu
 from ..errors import CudaError  # noqa: F401 - re-exported: the backend raises D.CudaError
 # The context current on each thread (kept with the launch encode, which tests it inline).
 from .encode import _generation, _tls
+from .encode import forget_current as _forget_current
 
 SUCCESS = 0
 NOT_READY = int(cu.CUresult.CUDA_ERROR_NOT_READY)
@@ -87,7 +88,7 @@ def make_current(ctx: Any, handle: int) -> None:
 
 def forget_current() -> None:
     """Every thread sets its context again before its next call."""
-    _generation[0] += 1
+    _forget_current()
 
 
 # -- the hot path ------------------------------------------------------------------------------------

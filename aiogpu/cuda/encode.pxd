@@ -1,7 +1,15 @@
 # Types for encode.py (the source): a lane's and a loaded kernel's fields as C slots, read per
 # operation by the launch encode and the device-side waits.
 cimport cython
+from cpython.pythread cimport PyThread_get_thread_ident
 from aiogpu._core.futures cimport GPUFuture
+
+cdef unsigned long _last_thread
+cdef object _last_device
+
+@cython.locals(me=cython.ulong)
+cpdef int make_current(object device) except -1
+cpdef int forget_current() except -1
 
 cdef class Lane:
     cdef public object name

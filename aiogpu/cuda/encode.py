@@ -1,7 +1,7 @@
 """The CUDA backend's per-operation code, compiled where a compiler exists (``encode.pxd``):
 lanes (a stream, its completion word and the futures pending on it, in ticket order), kernels
 loaded with their argument packing, the launch encode and the device-side waits; and the
-thread's current context (``driver.make_current``), which the launch tests inline.
+thread's current context (``make_current``), which the launch tests inline.
 
 It imports no driver at import time: a lane keeps the driver's hot path (``driver.HOT``) it
 was made with, and the rare calls (creating and destroying streams) import the driver then.
@@ -15,9 +15,44 @@ import threading
 from collections import deque
 from typing import Any, Sequence
 
+try:
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
+except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
+    globals()["cython"] = type("cython", (), {"compiled": False})
+if not cython.compiled:
+    # Compiled, the .pxd's C function of that name (no Python call per launch).
+    from threading import get_ident as PyThread_get_thread_ident
+
 # The context current on each thread, as (context handle, generation) (``driver.make_current``).
 _tls = threading.local()
 _generation = [0]
+# The device whose context was made current last (``make_current``), and by which thread: a
+# launch from that thread on that device needs no look at the thread-local record. (Any other
+# thread, or device, takes the look; ``forget_current`` clears it.)
+_last_thread = 0
+_last_device: Any = None
+
+
+def make_current(device: Any) -> int:
+    """Make ``device``'s context current on this thread (``driver.make_current``), unless this
+    thread made it current last in this generation."""
+    global _last_thread, _last_device
+    me = PyThread_get_thread_ident()
+    if me == _last_thread and device is _last_device:
+        return 0
+    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):
+        from . import driver as D
+        D.make_current(device.ctx, device.ctx_handle)
+    _last_thread, _last_device = me, device
+    return 0
+
+
+def forget_current() -> int:
+    """Every thread sets its context again before its next call (``driver.forget_current``)."""
+    global _last_thread, _last_device
+    _generation[0] += 1
+    _last_thread, _last_device = 0, None
+    return 0
 
 
 class Lane:
@@ -269,10 +304,10 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
 
 def enter_lane(device: Any, lane: Lane, waits: Any) -> int:
     """Before a launch or copy on ``lane`` of ``device``: the device's context made current on
-    this thread (``driver.make_current``'s test inlined), then the device-side ``waits``.
+    this thread (``make_current``'s first test inlined), then the device-side ``waits``.
     Returns their CUresult (0: queued)."""
-    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):
-        device.make_current()
+    if PyThread_get_thread_ident() != _last_thread or device is not _last_device:
+        make_current(device)
     return wait_on_device(lane, waits) if waits else 0
 
 

@@ -37,16 +37,12 @@ def _learn(fut: GPUFuture) -> None:
 
 
 class LaneHub:
-    """The per-operation part of ``CudaHub`` (its fields: ``_keys``, ``_pending``, ``_idle``,
+    """The per-operation part of ``CudaHub`` (its fields: ``_pending``, ``_idle``,
     ``sem``, ``spin_s``, ``awaiting``, ``spin_hits``, ``spin_misses``; its ``observed``)."""
 
     __slots__ = ()
 
     # -- futures -------------------------------------------------------------------------------
-    def _new_key(self) -> int:
-        """A future's key in ``_pending`` (its completion is its lane's ticket)."""
-        return next(self._keys)
-
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching ``fut`` (under lock). The waiter is not woken for it: its next scan
         finds it, and awaiters arm its lane when they park. Except when the waiter sleeps its

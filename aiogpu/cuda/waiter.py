@@ -44,7 +44,6 @@ a new process works (tests/api/test_backends.py runs the CUDA failure case in a 
 """
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import Any, Callable
 
@@ -65,10 +64,9 @@ class CudaHub(LaneHub, FutureHub):
 
     def __init__(self, *, spin_s: float = DEFAULT_SPIN_S, watchdog_s: float | None = None):
         super().__init__(watchdog_s=watchdog_s, spin_s=spin_s)
-        self.keys_are_resources = False       # (a key is a counter: nothing to retain)
+        self.keys_are_resources = False       # (a key is the hub's count: nothing to retain)
         self.sem = D.Semaphore()
         self.lanes: list[Any] = []
-        self._keys = itertools.count(1)
         self.spin_hits = 0
         self.spin_misses = 0
         self.arms = 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 import numpy as np
 import pytest
@@ -399,3 +400,26 @@ def test_the_common_launch_makes_no_closure_cells():
     their own, so a plain launch does not allocate a cell per local at every call."""
     assert aiogpu.Device.launch.__code__.co_cellvars == ()
     assert aiogpu.Device._launch_general.__code__.co_cellvars      # (where the closures went)
+
+
+def test_a_plain_launch_leaves_no_container_per_future(any_rt):
+    """A launch's future holds no list or dict of its own beyond what its backend must release
+    when it retires (``_cleanup``: HSA's kernarg slots), pending or retired: its ordering,
+    dependents, keys and callbacks are empty tuples until their first entry. Fewer objects per
+    operation for the garbage collector to track while a service keeps thousands in flight."""
+    dev = any_rt.devices[0]
+    dev.launch(sleep_ms, (1,), (1,), (0,)).wait(10)      # (loaded, its shape cached)
+    futs = [dev.launch(sleep_ms, (1,), (1,), (0,)) for _ in range(200)]
+
+    def containers() -> int:
+        return sum(1 for f in futs for r in gc.get_referents(f)
+                   if type(r) in (list, dict) and r is not f._cleanup)
+
+    pending = containers()
+    futs[-1].wait(10)
+    deadline = time.monotonic() + 10
+    while not all(f.retired for f in futs) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert all(f.retired for f in futs)
+    retired = sum(1 for f in futs for r in gc.get_referents(f) if type(r) in (list, dict))
+    assert pending <= 20 and retired <= 20, (pending, retired)

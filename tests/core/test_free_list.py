@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from aiogpu._core.interrupts import InterruptSafeLock
 from aiogpu.memory import BLOCK, CACHE_BYTES, CACHE_MIN, SMALL_LIMIT, BuddyAllocator
 from gpu_kernels import Gate, add_into, freed_while_in_use
 
@@ -57,13 +58,20 @@ def test_steady_state_alloc_reuses_without_lock(rt, monkeypatch):
     entered = []
     real = rt.lock
 
-    class Counting:            # (the lock's type may be an extension type: its methods are fixed)
-        def __enter__(self):
+    class Counting(InterruptSafeLock):   # (the runtime's lock field is of this type, compiled)
+        def enter(self):
             entered.append(1)
-            return real.__enter__()
+            return real.enter()
+
+        def exit(self):
+            return real.exit()
+
+        def __enter__(self):
+            self.enter()
+            return self
 
         def __exit__(self, *exc):
-            return real.__exit__(*exc)
+            self.exit()
 
     monkeypatch.setattr(rt, "lock", Counting())
     again = d0.alloc(1000)                # same class: the cached piece, no lock taken
