@@ -36,3 +36,5 @@ cdef class GPUFuture:
 
     cpdef _add_dependent(self, GPUFuture fut)
     cpdef _add_dep_signal(self, key)
+
+cpdef list preds_list(fut)

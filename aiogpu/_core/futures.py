@@ -553,10 +553,16 @@ def completed_future(hub: Any, label: str = "",
     return fut
 
 
+def preds_list(fut: Any) -> list:
+    """``fut.preds`` as a list to add to (an empty tuple until the first entry: see
+    ``GPUFuture.preds``)."""
+    if type(fut.preds) is not list:
+        fut.preds = [*fut.preds]
+    return fut.preds
+
+
 def add_preds(fut: Any, items: list) -> None:
     """Order ``fut`` after ``items`` as well (``GPUFuture.preds``: what a future that fails
     without running hands on to its readers, and what it retires after)."""
-    if type(fut.preds) is list:
-        fut.preds.extend(items)
-    elif items:
-        fut.preds = [*fut.preds, *items]
+    if items:
+        preds_list(fut).extend(items)

@@ -3,7 +3,7 @@
 # Integer positions stay Python ints (no C integer fields): a C integer converts True and 1.5
 # silently, and bytes are compared and bisected as Python ints anyway.
 cimport cython
-from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.futures cimport GPUFuture, preds_list
 from aiogpu._core.state cimport DeviceState
 
 

@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import DeviceLost, GPUError
-from .futures import GPUFuture, add_preds, completed_future
+from .futures import GPUFuture, add_preds, completed_future, preds_list
 
 
 class HostRange:
@@ -449,9 +449,7 @@ def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable
     for d in deps:
         if not d.retired:
             if preds is None:
-                if type(fut.preds) is not list:     # (the first: see GPUFuture.preds)
-                    fut.preds = [*fut.preds]
-                preds = fut.preds
+                preds = preds_list(fut)
             preds.append(d)
     if type(writes) is not list:
         writes = list(writes)

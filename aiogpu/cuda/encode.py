@@ -1,7 +1,7 @@
 """The CUDA backend's per-operation code, compiled where a compiler exists (``encode.pxd``):
 lanes (a stream, its completion word and the futures pending on it, in ticket order), kernels
 loaded with their argument packing, the launch encode and the device-side waits; and the
-thread's current context (``make_current``), which the launch tests inline.
+thread's current context (``make_current``), which every launch tests.
 
 It imports no driver at import time: a lane keeps the driver's hot path (``driver.HOT``) it
 was made with, and the rare calls (creating and destroying streams) import the driver then.
@@ -40,9 +40,8 @@ def make_current(device: Any) -> int:
     me = PyThread_get_thread_ident()
     if me == _last_thread and device is _last_device:
         return 0
-    if getattr(_tls, "ctx", None) != (device.ctx_handle, _generation[0]):
-        from . import driver as D
-        D.make_current(device.ctx, device.ctx_handle)
+    from . import driver as D                 # (it tests the thread-local record itself)
+    D.make_current(device.ctx, device.ctx_handle)
     _last_thread, _last_device = me, device
     return 0
 
@@ -304,10 +303,9 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
 
 def enter_lane(device: Any, lane: Lane, waits: Any) -> int:
     """Before a launch or copy on ``lane`` of ``device``: the device's context made current on
-    this thread (``make_current``'s first test inlined), then the device-side ``waits``.
-    Returns their CUresult (0: queued)."""
-    if PyThread_get_thread_ident() != _last_thread or device is not _last_device:
-        make_current(device)
+    this thread (``make_current``), then the device-side ``waits``. Returns their CUresult
+    (0: queued)."""
+    make_current(device)
     return wait_on_device(lane, waits) if waits else 0
 
 
