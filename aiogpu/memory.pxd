@@ -1,7 +1,7 @@
 # Types for the compiled build of memory.py (Cython 3, pure-Python mode): the allocators as
 # extension types with typed fields, their per-allocation methods as C calls to one another.
-# Buffer stays a Python class (its instance dict carries the ``_owned`` flag that a dict pop
-# gives back exactly once), deriving from the core's typed BufferState; its methods compile.
+# Buffer is an extension type deriving from the core's typed BufferState (no instance dict: the
+# flag that gives its memory back exactly once is a C field, see ``Buffer._give``).
 # Each size class's cache list stays untyped (any list-like works; a test races a subclass).
 # Byte counts and addresses stay Python ints (no C integer arguments: a C integer converts
 # True and 1.5 silently, and sizes beyond 2**63 must raise what they raise interpreted).
@@ -11,6 +11,7 @@ from aiogpu._core.hazards cimport BufferState
 from aiogpu._core.interrupts cimport InterruptSafeLock
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.submit cimport reap
+from aiogpu._core.copies cimport download
 
 
 cdef class BuddyAllocator:
@@ -53,12 +54,25 @@ cdef class DeviceMemory:
     cpdef _release(self, addr)
 
 
+cdef class Buffer(BufferState):
+    cdef public object allocated_at
+    cdef public object _release
+    cdef bint _owned
+    cdef object __weakref__
+    cpdef bint _owns(self)
+    cpdef _give(self)
+    cpdef _last_user_retired(self)
+
+
 # Buffer's per-allocation steps as C functions over its BufferState fields.
 
 cdef _init_state(BufferState s, object device, object address, object nbytes)
 
-@cython.locals(s=BufferState, memory=DeviceMemory)
+@cython.locals(s=BufferState, memory=DeviceMemory, b=Buffer)
 cpdef _free(object buf)
+
+@cython.locals(buf=Buffer)
+cdef Buffer _new_buffer(object device, object address, object nbytes, object release)
 
 @cython.locals(rt=RuntimeState, memory=DeviceMemory)
 cpdef object alloc_plain(DeviceState device, object nbytes)

@@ -14,8 +14,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+try:
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
+except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
+    globals()["cython"] = type("cython", (), {"compiled": False})
+
 from . import capture as _capture
-from ._core import copies as _copies
+from ._core.copies import download
 from ._core.hazards import BufferState
 from ._core.submit import reap
 from .errors import NotOnCudaError, RuntimeClosedError
@@ -381,8 +386,8 @@ def _free(buf: Any) -> None:
         return
     s.freed = True
     if s.users == 0:
-        if buf.__dict__.pop("_owned", None):      # (``Buffer._give``, written out)
-            buf._release(s.address)
+        b = buf
+        b._give()
         memory = s.device.memory
         if memory.returned:     # a large block (or a full cache): back now, under the lock
             with s.device.runtime.lock:
@@ -403,7 +408,18 @@ def alloc_plain(device: Any, nbytes: Any) -> "Buffer | None":
     address = memory.take(nbytes)
     if address is None:
         return None
-    return Buffer(device, address, nbytes, memory.give_back)
+    return _new_buffer(device, address, nbytes, memory.give_back)
+
+
+def _new_buffer(device: Any, address: int, nbytes: int, release: Callable[[int], None]) -> "Buffer":
+    """``Buffer(device, address, nbytes, release)`` without the call of a class (compiled: an
+    extension type's allocation and C field writes)."""
+    buf = Buffer.__new__(Buffer)
+    _init_state(buf, device, address, nbytes)
+    buf._release = release
+    buf.allocated_at = None
+    buf._owned = True
+    return buf
 
 
 def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
@@ -440,7 +456,7 @@ def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
         if shape is not None and len(shape) != 1:
             out = out.reshape(shape)
         # (In the same section: one Ctrl-C hold, not two.)
-        fut = _copies.download(rt, s, out, address, ptr)
+        fut = download(rt, s, out, address, ptr)
     finally:
         lock.exit()
     fut.value = out
@@ -469,38 +485,54 @@ class Buffer(BufferState):
     allocation) lives in fields of ``BufferState``, its base (typed where the core is compiled).
     """
 
-    allocated_at: Any = None     # (a class default: set per buffer only while tracking)
+    if TYPE_CHECKING:
+        allocated_at: Any
+        _release: Callable[[int], None]
+        _owned: bool
 
     def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
         # The core's fields (``BufferState``: users, ordering state, what submissions read)
         # set as C fields where this module is compiled: this runs per allocation.
         _init_state(self, device, address, nbytes)
         self._release = release        # gives the memory back (any thread, never blocks)
-        # Present while the memory is this buffer's: ``_give`` pops it, exactly once, whichever
+        self.allocated_at = None       # (set after, while the runtime tracks allocations)
+        # True while the memory is this buffer's: ``_give`` takes it, exactly once, whichever
         # of free(), the last user's retirement (waiter thread) and __del__ gets there first.
         self._owned = True
 
     def __del__(self) -> None:
         # Not weakref.finalize: one per buffer cost a registry entry, and at exit its atexit
-        # hook iterated that registry while the waiter thread changed it. A view has no
-        # ``_owned`` (it owns no memory). Reads no module global: safe at interpreter shutdown.
-        if self.__dict__.get("_owned"):
+        # hook iterated that registry while the waiter thread changed it. A view owns no
+        # memory. Reads no module global: safe at interpreter shutdown.
+        if self._owns():
             self._give()
 
+    def _owns(self) -> bool:
+        """Whether the memory is still this buffer's (always False for a view)."""
+        return self._owned if cython.compiled else "_owned" in self.__dict__
+
     def _give(self) -> None:
-        """Give the memory back, once (a dict pop is atomic: racing callers give it once)."""
-        if self.__dict__.pop("_owned", None):
-            self._release(self.address)
+        """Give the memory back, once: racing callers (any threads) give it once. Compiled,
+        the flag is a C field, read and cleared with no Python call between (atomic under the
+        GIL); interpreted, it is an entry of the instance dict, and a dict pop is atomic."""
+        if cython.compiled:
+            if not self._owned:
+                return
+            self._owned = False
+        elif not self.__dict__.pop("_owned", None):
+            return
+        self._release(self.address)
 
     @property
     def released(self) -> bool:
         """Whether the memory went back to the allocator (a freed buffer's last user retired)."""
-        return self._base is None and "_owned" not in self.__dict__
+        return self._base is None and not self._owns()
 
     @classmethod
     def _view_of(cls, root: "Buffer", offset: int, nbytes: int, dtype: np.dtype | None,
                  shape: tuple[int, ...]) -> "Buffer":
         view = cls.__new__(cls)
+        view.allocated_at = None
         view.device, view._base, view.offset = root.device, root, offset
         view.address, view.nbytes = root.address + offset, nbytes
         view.typed_dtype, view._shape = dtype, shape

@@ -580,7 +580,7 @@ class Runtime(RuntimeState, RuntimeHooks):
         collector tracks (a leak report's cost: nothing is registered per allocation)."""
         out = []
         for obj in gc.get_objects():
-            if type(obj) is Buffer and obj._base is None and "_owned" in obj.__dict__ \
+            if type(obj) is Buffer and obj._base is None and obj._owns() \
                     and getattr(obj.device, "runtime", None) is self:
                 out.append(HeldBuffer(repr(obj), obj.nbytes, obj.device.name, obj.address, obj.users,
                                       obj.allocated_at))

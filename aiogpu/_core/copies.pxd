@@ -3,7 +3,7 @@
 # integer would convert True and 1.5 silently).
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
-from aiogpu._core.hazards cimport BufferState, HostRange
+from aiogpu._core.hazards cimport BufferState, HostRange, Hazards
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.interrupts cimport InterruptSafeLock
@@ -51,13 +51,14 @@ cpdef str label_of(CopySide src, CopySide dst, object nbytes)
 cpdef bint unwritten(object state)
 cpdef object host_address(object arr)
 cpdef host_memcpy(object dst, object src, object nbytes)
-@cython.locals(buf=BufferState)
+@cython.locals(buf=BufferState, hz=Hazards)
 cpdef CopySide side(RuntimeState rt, object obj, object nbytes)
 cdef tuple route(CopySide d, CopySide s)
 @cython.locals(root=BufferState)
 cpdef object plain_upload_bytes(RuntimeState rt, BufferState dst, object src, object host_dtypes)
 @cython.locals(lock=InterruptSafeLock)
 cpdef object upload_plain(RuntimeState rt, BufferState dst, object src, object host_dtypes)
+@cython.locals(hz=Hazards)
 cpdef object download(RuntimeState rt, BufferState buf, object out, object address, object ptr)
 @cython.locals(op=CopyOp, reads=list, writes=list, device=DeviceState)
 cpdef object submit(RuntimeState rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)

@@ -186,7 +186,8 @@ def side(rt: Any, obj: Any, nbytes: int) -> CopySide:
         buf = obj
         return CopySide(buf, False, buf.device, buf, buf.address)
     address = host_address(obj)
-    return CopySide(obj, True, None, rt.hazards.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
+    hz = rt.hazards
+    return CopySide(obj, True, None, hz.host(address, nbytes), rt.pinned.device_pointer(address, nbytes))
 
 
 def plain_upload_bytes(rt: Any, dst: Any, src: Any, host_dtypes: Any) -> int:
@@ -228,8 +229,8 @@ def download(rt: Any, buf: Any, out: Any, address: int, ptr: int) -> Any:
     capture): the copy of ``copy(out, buf)`` without its validation, which holds by
     construction."""
     n = buf.nbytes
-    return submit(rt, CopySide(out, True, None, rt.hazards.host(address, n), ptr), side(rt, buf, n), n, [], [out],
-                  True)
+    hz = rt.hazards
+    return submit(rt, CopySide(out, True, None, hz.host(address, n), ptr), side(rt, buf, n), n, [], [out], True)
 
 
 def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: Any,

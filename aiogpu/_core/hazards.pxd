@@ -59,6 +59,7 @@ cdef class BufferState:
     # (what submissions read of any Buffer: Python ints and objects, set by memory.Buffer)
     cdef public DeviceState device
     cdef public object address, nbytes, offset, typed_dtype, _shape
+    cpdef _last_user_retired(self)
 
 
 cpdef state_of(obj)
@@ -70,6 +71,8 @@ cpdef tuple touching(obj)
 @cython.locals(deps=dict, buf=BufferState, last=GPUFuture, reader=GPUFuture)
 cpdef dict dependencies(reads, writes, after)
 cdef _order_after(dict deps, fut)
+@cython.locals(fut=GPUFuture)
+cpdef object failed_dependency(dict deps)
 @cython.locals(buf=BufferState, d=GPUFuture, preds=list)
 cpdef record(fut, reads, writes, deps=*)
 cdef bint _among(obj, list objs)

@@ -246,6 +246,11 @@ class BufferState:
         typed_dtype: Any
         _shape: tuple
 
+    def _last_user_retired(self) -> None:
+        """The last operation using this freed allocation retired (under the runtime lock):
+        its memory goes back (``memory.Buffer`` does it)."""
+        raise NotImplementedError
+
 
 def state_of(obj: Any) -> Any:
     """The ordering state of what an operation touches (under the runtime lock): a range as

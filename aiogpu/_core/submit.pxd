@@ -2,7 +2,7 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
-from aiogpu._core.hazards cimport BufferState, record
+from aiogpu._core.hazards cimport BufferState, dependencies, failed_dependency, record
 from aiogpu._core.interrupts cimport InterruptSafeLock
 from aiogpu._core.state cimport DeviceState, RuntimeState
 

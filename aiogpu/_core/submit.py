@@ -19,7 +19,7 @@ from . import deferred
 from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
 from .futures import PENDING, GPUFuture, add_preds
-from .hazards import BufferState, record
+from .hazards import BufferState, dependencies, failed_dependency, record
 
 # The waits of an operation with no dependency (encoders only read them).
 _NO_WAITS: tuple = ()
@@ -47,8 +47,8 @@ def guarded(rt: Any, device: Any, label: str, reads: list, writes: list, after: 
     if device.broken is not None:
         deps, err = {}, hazards.broken_error(label, device.broken)
     elif reads or writes or after:
-        deps = hazards.dependencies(reads, writes, after)
-        err = hazards.failed_dependency(deps) if deps else None
+        deps = dependencies(reads, writes, after)
+        err = failed_dependency(deps) if deps else None
     else:                                     # the fast path: nothing to order after
         deps, err = {}, None
     if err is not None:
@@ -218,9 +218,9 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
         label = shape[5]
         if not (reads or writes):
             return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, {}, reads, writes)
-        deps = hazards.dependencies(reads, writes, [])
+        deps = dependencies(reads, writes, [])
         if deps:
-            err = hazards.failed_dependency(deps)
+            err = failed_dependency(deps)
             if err is not None:
                 return hazards.failed_without_running(rt.hub, label, err, writes)
             if any_deferred(deps):

@@ -423,3 +423,52 @@ def test_a_plain_launch_leaves_no_container_per_future(any_rt):
     assert all(f.retired for f in futs)
     retired = sum(1 for f in futs for r in gc.get_referents(f) if type(r) in (list, dict))
     assert pending <= 20 and retired <= 20, (pending, retired)
+
+
+def test_an_allocation_keeps_its_state_in_fields_not_an_instance_dict(any_rt):
+    """Compiled, a Buffer is an extension type: allocating one makes no instance dict (the
+    flag that gives its memory back once, the release function and ``allocated_at`` are C
+    fields), and freeing one runs no ``__del__`` looked up by name. Interpreted, the flag is a
+    dict entry (a dict pop is the atomic step there)."""
+    from aiogpu import memory
+    dev = any_rt.devices[0]
+    dev.alloc(256).free()                             # (a cached piece for the fast path)
+    buf = dev.alloc(256)
+    compiled = type(memory.alloc_plain).__name__ != "function"
+    assert hasattr(buf, "__dict__") is not compiled
+    view = buf[0:16]
+    assert buf._owns() and not view._owns() and view.allocated_at is None
+    buf.free()
+    assert buf.released and not buf._owns()
+
+
+def test_racing_givers_give_the_memory_back_once(any_rt):
+    """``free()``, the last user's retirement (the waiter thread) and ``__del__`` may race to
+    give an allocation's memory back; exactly one of them does, however slow the release
+    function is (it may let other threads run halfway)."""
+    import threading
+    dev = any_rt.devices[0]
+    for _ in range(5):
+        buf = dev.alloc(4096)
+        release, calls = buf._release, []
+
+        def slow_release(address: int, release=release, calls=calls) -> None:
+            calls.append(address)
+            time.sleep(0.002)                         # (other givers run meanwhile)
+            release(address)
+
+        buf._release = slow_release
+        start = threading.Barrier(8)
+
+        def give() -> None:
+            start.wait()
+            buf._give()
+
+        threads = [threading.Thread(target=give) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert calls == [buf.address]
+        assert buf.released
+        buf.freed = True                              # (its memory is back: nothing to free)
