@@ -14,9 +14,9 @@ import asyncio as _asyncio
 import contextvars
 import logging
 import threading
-import time
 import types
 import weakref
+from time import monotonic as _monotonic   # (per future: a module global, not an attribute of time)
 from typing import TYPE_CHECKING, Any, Callable, Generator, TypeVar
 
 from .. import _loops
@@ -109,7 +109,7 @@ class GPUFuture:
         self.queue: str | None = None     # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
         self.packet: int | None = None    # packet index of the completion packet in that queue
         self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
-        self.submitted_at = time.monotonic()
+        self.submitted_at = _monotonic()
         self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
         self.waited = False               # someone waits for it: the waiter wakes for it (hub.arm)
