@@ -74,6 +74,8 @@ cpdef _free(object buf)
 @cython.locals(buf=Buffer)
 cdef Buffer _new_buffer(object device, object address, object nbytes, object release)
 
+cdef _init_buffer(Buffer buf, object device, object address, object nbytes, object release)
+
 @cython.locals(rt=RuntimeState, memory=DeviceMemory)
 cpdef object alloc_plain(DeviceState device, object nbytes)
 

@@ -415,11 +415,20 @@ def _new_buffer(device: Any, address: int, nbytes: int, release: Callable[[int],
     """``Buffer(device, address, nbytes, release)`` without the call of a class (compiled: an
     extension type's allocation and C field writes)."""
     buf = Buffer.__new__(Buffer)
+    _init_buffer(buf, device, address, nbytes, release)
+    return buf
+
+
+def _init_buffer(buf: "Buffer", device: Any, address: int, nbytes: int, release: Callable[[int], None]) -> None:
+    """A new allocation's fields (``Buffer.__init__``, ``_new_buffer``): the core's (whole,
+    unused, unordered), the function that gives its memory back (any thread, never blocks),
+    and the flag that says the memory is still the buffer's: ``_give`` takes it, exactly once,
+    whichever of free(), the last user's retirement (waiter thread) and __del__ gets there
+    first."""
     _init_state(buf, device, address, nbytes)
     buf._release = release
-    buf.allocated_at = None
+    buf.allocated_at = None        # (set after, while the runtime tracks allocations)
     buf._owned = True
-    return buf
 
 
 def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
@@ -491,14 +500,8 @@ class Buffer(BufferState):
         _owned: bool
 
     def __init__(self, device: Any, address: int, nbytes: int, release: Callable[[int], None]):
-        # The core's fields (``BufferState``: users, ordering state, what submissions read)
-        # set as C fields where this module is compiled: this runs per allocation.
-        _init_state(self, device, address, nbytes)
-        self._release = release        # gives the memory back (any thread, never blocks)
-        self.allocated_at = None       # (set after, while the runtime tracks allocations)
-        # True while the memory is this buffer's: ``_give`` takes it, exactly once, whichever
-        # of free(), the last user's retirement (waiter thread) and __del__ gets there first.
-        self._owned = True
+        # (Its fields set as C fields where this module is compiled: this runs per allocation.)
+        _init_buffer(self, device, address, nbytes, release)
 
     def __del__(self) -> None:
         # Not weakref.finalize: one per buffer cost a registry entry, and at exit its atexit
