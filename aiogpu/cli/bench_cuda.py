@@ -256,9 +256,13 @@ def call_costs(rt: Any, raw: Raw) -> dict:
             res[f"call_us_launch_write_{name}"] = (time.perf_counter() - t) / 2000 * 1e6
             cu.cuStreamSynchronize(raw.stream)
         lane.word.value = lane.ticket
+    # Each lane keeps the hot path it was made with (``Lane.hot``): swapping ``D.HOT`` alone
+    # changes only the calls made through the module (copies, event queries), not launches.
     for name, hot in hots.items():
-        saved = D.HOT
+        saved, saved_lanes = D.HOT, [lane.hot for lane in dev.lanes]
         D.HOT = hot
+        for lane in dev.lanes:
+            lane.hot = hot
         try:
             futs, t = [], time.perf_counter()
             for _ in range(2000):
@@ -267,6 +271,8 @@ def call_costs(rt: Any, raw: Raw) -> dict:
             futs[-1].wait(30)
         finally:
             D.HOT = saved
+            for lane, lane_hot in zip(dev.lanes, saved_lanes):
+                lane.hot = lane_hot
 
     # The same submissions from a coroutine: on a running loop the Ctrl-C hold's handler swap
     # happens once per loop iteration, not twice per launch (``aiogpu._core.interrupts``).
@@ -536,7 +542,8 @@ def measure(quick: bool) -> dict:
     rt = aiogpu.Runtime("cuda")
     res: dict[str, Any] = {"backend": rt.backend, "reason": rt.reason, "quick": quick,
                            "device": rt.devices[0].product, "hot_path": D.HOT.name,
-                           "spin_s": rt.hub.spin_s, "write_path": rt.write_path}
+                           "spin_s": rt.hub.spin_s, "write_path": rt.write_path,
+                           "core": aiogpu._core.summary()}
     import cuda.bindings
     res["cuda_bindings"] = cuda.bindings.__version__
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=64)
