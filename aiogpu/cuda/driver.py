@@ -25,7 +25,6 @@ from cuda.bindings import driver as cu
 
 from ..errors import CudaError  # noqa: F401 - re-exported: the backend raises D.CudaError
 # The context current on each thread (kept with the launch encode, which tests it inline).
-from .encode import _generation, _tls
 from .encode import forget_current as _forget_current
 
 SUCCESS = 0
@@ -76,14 +75,10 @@ def attribute(dev: Any, name: str) -> int:
     return check(cu.cuDeviceGetAttribute(getattr(A, name), dev), f"cuDeviceGetAttribute({name})")
 
 
-# -- contexts (the current one per thread: _tls, _generation) ---------------------------------------
-def make_current(ctx: Any, handle: int) -> None:
-    """Make ``ctx`` current on this thread (a no-op when it already is, in this generation:
-    closing a runtime starts a new one, since a released primary context may come back)."""
-    key = (handle, _generation[0])
-    if getattr(_tls, "ctx", None) != key:
-        check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        _tls.ctx = key
+# -- contexts (which one is current per thread: encode.make_current) --------------------------------
+def set_current(ctx: Any) -> None:
+    """Make ``ctx`` current on this thread (``cuCtxSetCurrent``); raises CudaError."""
+    check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 
 
 def forget_current() -> None:

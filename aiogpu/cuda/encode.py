@@ -23,7 +23,7 @@ if not cython.compiled:
     # Compiled, the .pxd's C function of that name (no Python call per launch).
     from threading import get_ident as PyThread_get_thread_ident
 
-# The context current on each thread, as (context handle, generation) (``driver.make_current``).
+# The context current on each thread, as (context handle, generation) (``make_current``).
 _tls = threading.local()
 _generation = [0]
 # The device whose context was made current last (``make_current``), and by which thread: a
@@ -34,14 +34,20 @@ _last_device: Any = None
 
 
 def make_current(device: Any) -> int:
-    """Make ``device``'s context current on this thread (``driver.make_current``), unless this
-    thread made it current last in this generation."""
+    """Make ``device``'s context current on this thread, unless it already is in this
+    generation (closing a runtime starts a new one, since a released primary context may come
+    back). The thread that made a device current last, on that device, needs no look at the
+    thread-local record; any other (the waiter thread's scans alternate with the loop's
+    launches) looks there, and calls the driver only where the record differs."""
     global _last_thread, _last_device
     me = PyThread_get_thread_ident()
     if me == _last_thread and device is _last_device:
         return 0
-    from . import driver as D                 # (it tests the thread-local record itself)
-    D.make_current(device.ctx, device.ctx_handle)
+    key = (device.ctx_handle, _generation[0])
+    if getattr(_tls, "ctx", None) != key:
+        from . import driver as D             # (rare: a thread's first call, or a new generation)
+        D.set_current(device.ctx)
+        _tls.ctx = key
     _last_thread, _last_device = me, device
     return 0
 
