@@ -1,13 +1,20 @@
 # Types for encode.py (the source): a lane's and a loaded kernel's fields as C slots, read per
 # operation by the launch encode and the device-side waits.
 cimport cython
-from cpython.pythread cimport PyThread_get_thread_ident
+
+cdef extern from "Python.h":
+    """
+    static unsigned long long aiogpu_thread_state_id(void) {
+        return (unsigned long long)PyThreadState_GetID(PyThreadState_Get());
+    }
+    """
+    unsigned long long thread_state_id "aiogpu_thread_state_id" ()
 from aiogpu._core.futures cimport GPUFuture
 
-cdef unsigned long _last_thread
-cdef object _last_device
+cdef unsigned long long _last_thread, _other_thread
+cdef object _last_device, _other_device
 
-@cython.locals(me=cython.ulong)
+@cython.locals(me=cython.ulonglong)
 cpdef int make_current(object device) except -1
 cpdef int forget_current() except -1
 

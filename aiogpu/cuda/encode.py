@@ -10,6 +10,7 @@ every compiled module)."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import struct
 import threading
 from collections import deque
@@ -19,44 +20,60 @@ try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
 except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
     globals()["cython"] = type("cython", (), {"compiled": False})
-if not cython.compiled:
-    # Compiled, the .pxd's C function of that name (no Python call per launch).
-    from threading import get_ident as PyThread_get_thread_ident
-
 # The context current on each thread, as (context handle, generation) (``make_current``).
 _tls = threading.local()
 _generation = [0]
-# The device whose context was made current last (``make_current``), and by which thread: a
-# launch from that thread on that device needs no look at the thread-local record. (Any other
-# thread, or device, takes the look; ``forget_current`` clears it.)
+if not cython.compiled:
+    # Compiled, the .pxd's C function of that name: the calling thread's state's identifier
+    # (PyThreadState_GetID), never reused in the process, unlike a thread's identifier
+    # (threading.get_ident), which a new thread takes over from one that ended.
+    _thread_ids = itertools.count(1)
+
+    def thread_state_id() -> int:
+        try:
+            return _tls.id
+        except AttributeError:
+            _tls.id = me = next(_thread_ids)
+            return me
+
+# The two threads that made a context current last, and the device of each (``make_current``),
+# the last one first: a launch from one of them on its device needs no look at the thread-local
+# record (two: the loop's launches alternate with the waiter thread's scans). Each thread is in
+# at most one slot; ``forget_current`` clears both.
 _last_thread = 0
 _last_device: Any = None
+_other_thread = 0
+_other_device: Any = None
 
 
 def make_current(device: Any) -> int:
     """Make ``device``'s context current on this thread, unless it already is in this
     generation (closing a runtime starts a new one, since a released primary context may come
-    back). The thread that made a device current last, on that device, needs no look at the
-    thread-local record; any other (the waiter thread's scans alternate with the loop's
-    launches) looks there, and calls the driver only where the record differs."""
-    global _last_thread, _last_device
-    me = PyThread_get_thread_ident()
+    back). Only a thread that is in neither slot, or is there with another device, looks at the
+    thread-local record, and calls the driver only where the record differs."""
+    global _last_thread, _last_device, _other_thread, _other_device
+    me = thread_state_id()
     if me == _last_thread and device is _last_device:
+        return 0
+    if me == _other_thread and device is _other_device:
+        _other_thread, _other_device, _last_thread, _last_device = _last_thread, _last_device, me, device
         return 0
     key = (device.ctx_handle, _generation[0])
     if getattr(_tls, "ctx", None) != key:
         from . import driver as D             # (rare: a thread's first call, or a new generation)
         D.set_current(device.ctx)
         _tls.ctx = key
+    if _last_thread != me:                    # (else the other slot is another thread's: kept)
+        _other_thread, _other_device = _last_thread, _last_device
     _last_thread, _last_device = me, device
     return 0
 
 
 def forget_current() -> int:
     """Every thread sets its context again before its next call (``driver.forget_current``)."""
-    global _last_thread, _last_device
+    global _last_thread, _last_device, _other_thread, _other_device
     _generation[0] += 1
-    _last_thread, _last_device = 0, None
+    _last_thread, _last_device, _other_thread, _other_device = 0, None, 0, None
     return 0
 
 
