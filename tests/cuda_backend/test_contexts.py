@@ -10,7 +10,9 @@ from backends import on_fake_cuda, run_on_fake_cuda
 
 pytestmark = on_fake_cuda
 
-SCRIPT = r"""
+# Each script: the driver's cuCtxSetCurrent recorded (the calling thread per call), a no-op
+# kernel launched once on the main thread.
+RECORDING = r"""
 import threading
 import aiogpu
 import aiogpu.cuda.driver as D
@@ -29,6 +31,9 @@ def noop(launch, n):
 rt = aiogpu.Runtime("cuda")
 dev = rt.devices[0]
 dev.launch(noop, (1,), (1,), (0,)).wait(10)
+"""
+
+SCRIPT = RECORDING + r"""
 main = threading.get_ident()
 before = len(calls)
 for _ in range(5):
@@ -64,25 +69,7 @@ def test_a_launch_sets_the_context_once_per_thread_and_generation():
     assert "new generation 1 True" in out        # a new generation sets it again, once
 
 
-REUSED = r"""
-import threading
-import aiogpu
-import aiogpu.cuda.driver as D
-
-calls = []
-real = D.cu.cuCtxSetCurrent
-def recording(ctx):
-    calls.append(threading.get_ident())
-    return real(ctx)
-D.cu.cuCtxSetCurrent = recording
-
-@aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}')
-def noop(launch, n):
-    pass
-
-rt = aiogpu.Runtime("cuda")
-dev = rt.devices[0]
-dev.launch(noop, (1,), (1,), (0,)).wait(10)
+REUSED = RECORDING + r"""
 seen, reused, unset = set(), 0, 0
 def thread():
     me = threading.get_ident()
