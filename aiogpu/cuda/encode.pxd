@@ -11,8 +11,8 @@ cdef extern from "Python.h":
     unsigned long long thread_state_id "aiogpu_thread_state_id" ()
 from aiogpu._core.futures cimport GPUFuture
 
-cdef unsigned long long _last_thread, _other_thread
-cdef object _last_device, _other_device
+cdef unsigned long long _last_thread
+cdef object _last_device
 
 @cython.locals(me=cython.ulonglong)
 cpdef int make_current(object device) except -1

@@ -36,44 +36,39 @@ if not cython.compiled:
             _tls.id = me = next(_thread_ids)
             return me
 
-# The two threads that made a context current last, and the device of each (``make_current``),
-# the last one first: a launch from one of them on its device needs no look at the thread-local
-# record (two: the loop's launches alternate with the waiter thread's scans). Each thread is in
-# at most one slot; ``forget_current`` clears both.
+# The thread that made a context current last, and that context's device (``make_current``):
+# a launch from that thread on that device needs no look at the thread-local record. (Any other
+# thread, or device, takes the look; ``forget_current`` clears it.) One pair, which only its
+# own thread writes: interpreted, a thread running between the two stores sees another
+# thread's identifier, a miss. (A second pair for the waiter thread, whose scans alternate with
+# the loop's launches, saved about 1% of a parked service request's instructions, and a thread
+# updating both would store the other thread's pair, which that thread may have changed since.)
 _last_thread = 0
 _last_device: Any = None
-_other_thread = 0
-_other_device: Any = None
 
 
 def make_current(device: Any) -> int:
     """Make ``device``'s context current on this thread, unless it already is in this
     generation (closing a runtime starts a new one, since a released primary context may come
-    back). Only a thread that is in neither slot, or is there with another device, looks at the
-    thread-local record, and calls the driver only where the record differs."""
-    global _last_thread, _last_device, _other_thread, _other_device
+    back): the thread-local record decides, and the driver is called only where it differs."""
+    global _last_thread, _last_device
     me = thread_state_id()
     if me == _last_thread and device is _last_device:
-        return 0
-    if me == _other_thread and device is _other_device:
-        _other_thread, _other_device, _last_thread, _last_device = _last_thread, _last_device, me, device
         return 0
     key = (device.ctx_handle, _generation[0])
     if getattr(_tls, "ctx", None) != key:
         from . import driver as D             # (rare: a thread's first call, or a new generation)
         D.set_current(device.ctx)
         _tls.ctx = key
-    if _last_thread != me:                    # (else the other slot is another thread's: kept)
-        _other_thread, _other_device = _last_thread, _last_device
     _last_thread, _last_device = me, device
     return 0
 
 
 def forget_current() -> int:
     """Every thread sets its context again before its next call (``driver.forget_current``)."""
-    global _last_thread, _last_device, _other_thread, _other_device
+    global _last_thread, _last_device
     _generation[0] += 1
-    _last_thread, _last_device, _other_thread, _other_device = 0, None, 0, None
+    _last_thread, _last_device = 0, None
     return 0
 
 
