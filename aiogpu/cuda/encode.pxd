@@ -1,7 +1,9 @@
 # Types for encode.py (the source): a lane's and a loaded kernel's fields as C slots, read per
 # operation by the launch encode and the device-side waits.
 cimport cython
+from aiogpu._core.futures cimport GPUFuture
 
+# The calling thread's state's identifier (never reused in the process, unlike its thread's).
 cdef extern from "Python.h":
     """
     static unsigned long long aiogpu_thread_state_id(void) {
@@ -9,7 +11,6 @@ cdef extern from "Python.h":
     }
     """
     unsigned long long thread_state_id "aiogpu_thread_state_id" ()
-from aiogpu._core.futures cimport GPUFuture
 
 cdef unsigned long long _last_thread
 cdef object _last_device

@@ -40,9 +40,8 @@ if not cython.compiled:
 # a launch from that thread on that device needs no look at the thread-local record. (Any other
 # thread, or device, takes the look; ``forget_current`` clears it.) One pair, which only its
 # own thread writes: interpreted, a thread running between the two stores sees another
-# thread's identifier, a miss. (A second pair for the waiter thread, whose scans alternate with
-# the loop's launches, saved about 1% of a parked service request's instructions, and a thread
-# updating both would store the other thread's pair, which that thread may have changed since.)
+# thread's identifier, a miss. (With a second pair, say for the waiter thread, a thread
+# updating both would store the other thread's pair, which may be stale by then.)
 _last_thread = 0
 _last_device: Any = None
 
