@@ -1,6 +1,19 @@
 # The future's fields as C slots (futures.py is the source; this only types it).
+from aiogpu._core.interrupts cimport RawLock
+
+cdef class GPUFuture
+
+# What an await asks of the hub (hub.Hub derives from it): its hooks are C calls.
+cdef class AwaitHub:
+    cdef public RawLock state_lock
+    cdef public double spin_s
+    cdef public int awaiting
+    cpdef bint spin_poll(self, GPUFuture fut) except -1
+    cpdef arm(self, GPUFuture fut)
+    cpdef parked_done(self, GPUFuture fut)
+
 cdef class GPUFuture:
-    cdef public object _hub
+    cdef public AwaitHub _hub
     cdef public int _state
     cdef public object _exc
     cdef public object signal
@@ -34,6 +47,7 @@ cdef class GPUFuture:
     cdef public object host_deps
     cdef object __weakref__
 
+    cpdef _submitted_work(self)
     cpdef _add_dependent(self, GPUFuture fut)
     cpdef _add_dep_signal(self, key)
 

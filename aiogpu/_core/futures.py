@@ -20,6 +20,7 @@ from time import monotonic as _monotonic   # (per future: a module global, not a
 from typing import TYPE_CHECKING, Any, Callable, Generator, TypeVar
 
 from .. import _loops
+from .interrupts import RawLock
 from .. import trace as _trace
 from ..errors import BlockingCallError, InvalidStateError
 
@@ -32,6 +33,31 @@ PENDING, DONE, FAILED = 0, 1, 2
 
 _T = TypeVar("_T")
 
+
+class AwaitHub:
+    """What an ``await`` asks of its future's hub, declared beside the future so that the
+    await calls it as C functions where the core is compiled (futures.pxd; ``hub.Hub``
+    derives from it and implements it, a backend's hub may override its hooks). Fields:
+    ``state_lock`` (the leaf lock of a future's settling: see ``FutureHub``), ``spin_s`` (the
+    longest spin on the loop before an await parks; 0: none), ``awaiting`` (futures being
+    awaited now: the spin policy reads it)."""
+
+    __slots__ = ("state_lock", "spin_s", "awaiting")
+
+    def spin_poll(self, fut: "GPUFuture") -> bool:
+        """An asyncio ``await``'s first look at its work, before ``spin_await`` and without
+        yielding (short work is done by then): True, as for ``spin_await``, when it saw the
+        work complete successfully but left settling the future to the waiter; else False (the
+        future may have settled meanwhile). Default: False (``spin_await`` polls)."""
+        return False
+
+    def arm(self, fut: "GPUFuture") -> None:
+        """Someone waits for ``fut`` (``Hub.arm``)."""
+        raise NotImplementedError
+
+    def parked_done(self, fut: "GPUFuture") -> None:
+        """A parked await of ``fut`` was woken (backends learn from it; no lock). Default:
+        nothing."""
 
 
 class GPUFuture:
@@ -375,7 +401,7 @@ class GPUFuture:
         if port is None:
             raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
                                "use .wait() in synchronous code")
-        hub = self._hub
+        hub: AwaitHub = self._hub
         seen = ready = parked = False
         hub.awaiting += 1
         try:
@@ -424,20 +450,28 @@ class GPUFuture:
         self._on_retire.append(fn)  # type: ignore[union-attr]
 
     def _register(self, port: Any, awaiter: Any) -> None:
-        with self._hub.state_lock:
+        lock: RawLock = self._hub.state_lock   # (its C calls, compiled: this runs per parked await)
+        lock._take(True, -1.0)
+        try:
             if self._state == PENDING:
                 ports = self._ports
                 if ports is None:
                     ports = self._ports = {}
                 ports.setdefault(port, []).append(awaiter)
                 return
+        finally:
+            lock._give()
         port.post([awaiter])  # finished meanwhile: wake at once
 
     def _unregister(self, port: Any, awaiter: Any) -> None:
-        with self._hub.state_lock:
+        lock: RawLock = self._hub.state_lock
+        lock._take(True, -1.0)
+        try:
             waiters = self._ports.get(port) if self._ports else None
             if waiters and awaiter in waiters:
                 waiters.remove(awaiter)
+        finally:
+            lock._give()
 
     def __repr__(self) -> str:
         state = ("pending", "done", "failed")[self._state]

@@ -7,6 +7,8 @@ import logging
 import threading
 from typing import Any, Callable, Generator, TypeVar
 
+from .interrupts import RawLock
+
 _T = TypeVar("_T")
 
 log: logging.Logger
@@ -14,6 +16,14 @@ submission_scope: contextvars.ContextVar[Any]
 PENDING: int
 DONE: int
 FAILED: int
+
+class AwaitHub:
+    state_lock: RawLock
+    spin_s: float
+    awaiting: int
+    def spin_poll(self, fut: GPUFuture[Any]) -> bool: ...
+    def arm(self, fut: GPUFuture[Any]) -> None: ...
+    def parked_done(self, fut: GPUFuture[Any]) -> None: ...
 
 class GPUFuture(asyncio.Future[_T]):
     _hub: Any

@@ -1,20 +1,17 @@
 # The hub's fields as C slots (hub.py is the source; this only types it). Backends subclass it
 # in Python (their waiter's state lives in the subclass).
 cimport cython
-from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.futures cimport AwaitHub, GPUFuture
 from aiogpu._core.interrupts cimport InterruptSafeLock, RawLock
 
-cdef class Hub:
+cdef class Hub(AwaitHub):
     cdef public InterruptSafeLock lock
-    cdef public RawLock state_lock
     cdef public object _backlog
     cdef public set _queued
     cdef public int _slow
     cdef public object watchdog_s
-    cdef public double spin_s
     cdef public bint keys_are_resources
     cdef public long long _last_key
-    cdef public int awaiting
     cdef public dict _pending
     cdef public object _events
     cdef public bint _dirty
@@ -44,3 +41,7 @@ cdef class Hub:
     # (per operation: the submission calls them as C functions)
     cpdef GPUFuture new_future(self, label)
     cpdef discard(self, GPUFuture fut)
+    cpdef watch(self, GPUFuture fut)
+    cpdef reap(self)
+    cpdef arm(self, GPUFuture fut)
+    cpdef _wake_for(self, GPUFuture fut)

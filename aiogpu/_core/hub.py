@@ -23,14 +23,14 @@ from .. import trace as _trace
 from ..backend import CompletionHooks
 from ..errors import DeviceLost, GPUError
 from . import watchdog
-from .futures import DONE, FAILED, PENDING, GPUFuture, _CallbackAwaiter, submission_scope
+from .futures import DONE, FAILED, PENDING, AwaitHub, GPUFuture, _CallbackAwaiter, submission_scope
 
 log = logging.getLogger("aiogpu")
 # The backlog's mark for a queued watchdog check (in ``FutureHub._queued``).
 _WATCHDOG = object()
 
 
-class Hub:
+class Hub(AwaitHub):
     """The compiled part of ``FutureHub`` (see its doc): every rule, no hook. Compiled, this is
     an extension type whose fields, declared in hub.pxd, are C slots; it can have no Python
     base, so ``FutureHub`` joins it to the hooks' declarations."""
@@ -84,13 +84,6 @@ class Hub:
         if key and not self.lock.raw._is_owned() and self.is_complete(key):  # type: ignore[attr-defined]
             self._settle([(key, fut)])
 
-    def spin_poll(self, fut: GPUFuture) -> bool:
-        """An asyncio ``await``'s first look at its work, before ``spin_await`` and without
-        yielding (short work is done by then): True, as for ``spin_await``, when it saw the
-        work complete successfully but left settling the future to the waiter; else False (the
-        future may have settled meanwhile). Default: False (``spin_await`` polls)."""
-        return False
-
     def spin_await(self, fut: GPUFuture):
         """What an asyncio ``await`` does before parking, when ``spin_poll`` did not see its
         work done (a generator; default: ``spin``). It returns True when it saw the work
@@ -98,6 +91,15 @@ class Hub:
         awaiter then returns ``fut.value``)."""
         yield from self.spin(fut)
         return False
+
+    def reap(self) -> None:
+        """(``CompletionHooks.reap``; declared here too, so that the core calls it as a C method
+        where it is compiled.) Default: nothing."""
+
+    def _wake_for(self, fut: GPUFuture) -> None:
+        """(``CompletionHooks._wake_for``: each backend's hub implements it; declared here too,
+        as ``reap``.)"""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Stop the waiter and release the completion objects (runtime close)."""

@@ -1,13 +1,30 @@
-# lanehub.py compiled (it is the source): LaneHub is a part of the Python class CudaHub, so its
-# methods are compiled functions over Python attributes; the helpers they call are C functions
-# over the hub's (a Hub) and the future's C fields.
+# lanehub.py compiled (it is the source): LaneHub, the Hub of CUDA's per-operation hooks, as an
+# extension type (the Python class CudaHub derives from it); the helpers its methods call are C
+# functions over the hub's (a Hub) and the future's C fields.
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
+from aiogpu._core.interrupts cimport RawLock
 from aiogpu.cuda.encode cimport Lane
+
+cdef extern from "<semaphore.h>" nogil:
+    ctypedef struct sem_t:
+        pass
+    int sem_post(sem_t *sem)
+
+cdef class LaneHub(Hub):
+    # (counters written per operation: C fields, so that the instance's dict stays unchanged and
+    # the core's calls of the hooks below find no Python override at the cost of a lookup)
+    cdef public long long spin_hits, spin_misses, arms
+    cpdef watch(self, GPUFuture fut)
+    cpdef reap(self)
+    cpdef _wake_for(self, GPUFuture fut)
+    cpdef bint spin_poll(self, GPUFuture fut) except -1
+    cpdef parked_done(self, GPUFuture fut)
 
 @cython.locals(h=Hub, lane=Lane)
 cdef object _watch(object hub, GPUFuture fut)
+cdef int _post(object hub) except -1
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
 @cython.locals(h=Hub, steps=bint, reaped=bint)
 cdef bint _completed_now(object hub, GPUFuture fut) except -1
@@ -23,5 +40,5 @@ cdef int _take(object hub, Lane lane, long long ticket, dict posts) except -1
 cdef int _complete_each(object hub, list completed, dict posts) except -1
 @cython.locals(h=Hub)
 cdef int _settle_batch(object hub, list completed) except -1
-@cython.locals(lane=Lane)
+@cython.locals(lane=Lane, h=Hub, raw=RawLock)
 cdef int _wake_for(object hub, GPUFuture fut) except -1

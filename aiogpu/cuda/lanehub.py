@@ -11,7 +11,17 @@ from typing import Any
 
 from ..errors import GPUError
 from .._core.futures import PENDING, GPUFuture, submission_scope
+from .._core.hub import Hub
 from .._core.submit import REAP_AT
+
+try:
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
+except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
+    globals()["cython"] = type("cython", (), {"compiled": False})
+if not cython.compiled:
+    # The .pxd's C names, used only compiled (here for type checkers).
+    sem_post: Any = None
+    sem_t: Any = None
 
 SPIN_MIN_S = 20e-6
 PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
@@ -36,11 +46,11 @@ def _learn(fut: GPUFuture) -> None:
         lane.rate = sample if lane.rate is None else max(sample, 0.7 * lane.rate + 0.3 * sample)
 
 
-class LaneHub:
+class LaneHub(Hub):
     """The per-operation part of ``CudaHub`` (its fields: ``_pending``, ``_idle``,
-    ``sem``, ``spin_s``, ``awaiting``, ``spin_hits``, ``spin_misses``; its ``observed``)."""
-
-    __slots__ = ()
+    ``sem``, ``spin_s``, ``awaiting``, ``spin_hits``, ``spin_misses``; its ``observed``).
+    Compiled, an extension type: the core calls its hooks (``watch``, ``reap``, ``arm``'s
+    ``_wake_for``, an await's ``spin_poll`` and ``parked_done``) as C methods."""
 
     # -- futures -------------------------------------------------------------------------------
     def watch(self, fut: GPUFuture) -> GPUFuture:
@@ -67,6 +77,12 @@ class LaneHub:
         """Settle each lane's prefix that its completion word shows done (see
         ``CompletionHooks.reap``); lanes without a word are left to the waiter's scan."""
         _reap(self)
+
+    def parked_done(self, fut: GPUFuture) -> None:
+        """A parked await of ``fut`` was woken: a long copy teaches its lane's copy rate."""
+        work = fut._submitted_work()
+        if work is not None and work.lane is not None:
+            _learn(work)
 
     # -- observing lanes -------------------------------------------------------------------------
     # Completions are observed and settled without the runtime lock (see ``FutureHub``); the
@@ -151,8 +167,18 @@ def _watch(hub: Any, fut: GPUFuture) -> GPUFuture:
         lane.pending.append(fut)
     if h._idle:                      # (read after the append: see CudaHub._run)
         h._idle = False
-        hub.sem.post()
+        _post(hub)
     return fut
+
+
+def _post(hub: Any) -> int:
+    """Post the hub's semaphore (wake the waiter): compiled, libc's ``sem_post`` itself (the
+    ``Semaphore.post`` method is a ctypes call, some 2,000 instructions)."""
+    if cython.compiled:
+        sem_post(cython.cast(cython.pointer(sem_t), cython.cast(cython.size_t, hub.sem.address)))
+    else:
+        hub.sem.post()
+    return 0
 
 
 def _first_poll(hub: Any, fut: GPUFuture) -> bool:
@@ -304,7 +330,10 @@ def _wake_for(hub: Any, fut: GPUFuture) -> int:
         return 0
     # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
     # leaves ``armed`` behind, and the next arm queues one more wake-up.
-    with hub.lock.raw:
+    h = hub
+    raw = h.lock.raw                # (its C calls, compiled)
+    raw._take(True, -1.0)
+    try:
         if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
             return 0
         err = lane.arm(hub.sem_post, hub.sem.address)
@@ -312,5 +341,7 @@ def _wake_for(hub: Any, fut: GPUFuture) -> int:
         if err == 0:
             lane.armed = lane.ticket
         else:                      # a broken context: let the waiter find out now
-            hub.sem.post()
+            _post(hub)
+    finally:
+        raw._give()
     return 0

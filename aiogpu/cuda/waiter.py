@@ -51,7 +51,7 @@ from ..errors import GPUError
 from .._core.futures import DONE, PENDING, GPUFuture, log, submission_scope  # noqa: F401
 from .._core.hub import FutureHub
 from . import driver as D
-from .lanehub import SPIN_MIN_S, LaneHub, _learn  # noqa: F401
+from .lanehub import SPIN_MIN_S, LaneHub  # noqa: F401
 
 LOST_WAKEUP_GUARD_S = 0.1
 UNCOVERED_GUARD_S = 0.005
@@ -99,11 +99,6 @@ class CudaHub(LaneHub, FutureHub):
         if fut.lane.word is not None and fut.lane.word.value >= fut.ticket:
             return True
         return fut.event is not None and D.HOT.query(fut.event) != D.NOT_READY
-
-    def parked_done(self, fut: GPUFuture) -> None:
-        fut = _submitted(fut)
-        if fut is not None:
-            _learn(fut)
 
     def poll(self) -> None:
         if not self._stop:
@@ -208,9 +203,3 @@ def _snapshot(pending: Any) -> list:
         except RuntimeError:
             continue
 
-
-def _submitted(fut: Any) -> "GPUFuture | None":
-    """The CUDA work behind ``fut``: itself, the submitted work of a Deferred, or None (a
-    host-settled future: a compile, deferred work not submitted yet)."""
-    work = fut._submitted_work()
-    return work if work is not None and work.lane is not None else None
