@@ -4,7 +4,7 @@
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hazards cimport BufferState, HostRange, Hazards
-from aiogpu._core.state cimport DeviceState, RuntimeState
+from aiogpu._core.state cimport DeviceState, RuntimeState, copy_lane, encode_copy
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.interrupts cimport InterruptSafeLock
 from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live, reap

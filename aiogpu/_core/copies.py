@@ -20,6 +20,7 @@ from typing import Any
 from .submit import _refused, _submitted, guarded, launch, live, reap
 from ..errors import GPUError
 from ..kernels import copy_kernel
+from .state import copy_lane, encode_copy
 from .hazards import BufferState, HostRange      # (BufferState: memory.Buffer's base; the core does not import memory)
 
 # Host sources up to this size are copied into pinned memory at submission (a memcpy on the
@@ -290,7 +291,7 @@ def submit_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
 
 def _engine_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
     """``op`` on the copy lane the backend gives it; None when none takes it."""
-    lane = rt._copy_lane(op, deps)
+    lane = copy_lane(rt, op, deps)
     if lane is None:
         return None
     hub = rt.hub
@@ -299,7 +300,7 @@ def _engine_copy(rt: Any, op: CopyOp, deps: dict) -> Any:
     waits = live(deps)
     todo = op.cleanup
     try:
-        keys = rt._encode_copy(fut, op, lane, waits, todo)
+        keys = encode_copy(rt, fut, op, lane, waits, todo)
     except GPUError as exc:
         op.cleanup = []                      # (run by _refused: not again by ``submit_copy``)
         return _refused(rt, fut, exc, todo, op.writes())

@@ -17,6 +17,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+try:
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
+except ImportError:            # interpreted, where Cython is not installed (see interrupts.py)
+    globals()["cython"] = type("cython", (), {"compiled": False})
+
 
 class RuntimeState:
     """The fields of a runtime that the core reads per operation (see the module doc)."""
@@ -48,3 +53,36 @@ class DeviceState:
         _kernels: dict
         _shapes: dict
         _lane_order: Any
+
+
+# -- the backend's per-operation hooks ---------------------------------------------------------------
+# A compiled backend binds C functions for them into the fields of its runtime and devices
+# (``_copy_lane_c``, ``_encode_copy_c``, ``_encode_kernel_c``, declared in state.pxd; the CUDA
+# backend's ``bind`` functions): the core's call is then a C call, with no method lookup, no
+# bound method and no parsing of its arguments. Otherwise (interpreted, or a backend that binds
+# none) the core calls the hook's method (``aiogpu/backend.py``), which subclasses may replace.
+def copy_lane(rt: Any, op: Any, deps: Any) -> Any:
+    """The runtime's ``_copy_lane(op, deps)``."""
+    if cython.compiled:
+        if rt._copy_lane_c != cython.NULL:
+            return rt._copy_lane_c(rt, op, deps)
+    return rt._copy_lane(op, deps)
+
+
+def encode_copy(rt: Any, fut: Any, op: Any, lane: Any, waits: Any, cleanup: list) -> Any:
+    """The runtime's ``_encode_copy(fut, op, lane, waits, cleanup)``."""
+    if cython.compiled:
+        if rt._encode_copy_c != cython.NULL:
+            return rt._encode_copy_c(rt, fut, op, lane, waits, cleanup)
+    return rt._encode_copy(fut, op, lane, waits, cleanup)
+
+
+def encode_kernel(device: Any, fut: Any, lane: Any, loaded: Any, grid: Any, block: Any, values: Any, lengths: Any,
+                  waits: Any, cleanup: list, copy: Any, foreign: Any) -> Any:
+    """The device's ``_encode_kernel(fut, lane, loaded, grid, block, values, lengths, waits,
+    cleanup, copy, foreign)``."""
+    if cython.compiled:
+        if device._encode_kernel_c != cython.NULL:
+            return device._encode_kernel_c(device, fut, lane, loaded, grid, block, values, lengths, waits, cleanup,
+                                           copy, foreign)
+    return device._encode_kernel(fut, lane, loaded, grid, block, values, lengths, waits, cleanup, copy, foreign)

@@ -4,7 +4,7 @@ from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.hazards cimport BufferState, dependencies, failed_dependency, record
 from aiogpu._core.interrupts cimport InterruptSafeLock
-from aiogpu._core.state cimport DeviceState, RuntimeState
+from aiogpu._core.state cimport DeviceState, RuntimeState, encode_kernel
 
 cdef class LaneOrder:
     cdef public list lanes

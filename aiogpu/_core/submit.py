@@ -20,6 +20,7 @@ from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
 from .futures import PENDING, GPUFuture, add_preds
 from .hazards import BufferState, dependencies, failed_dependency, record
+from .state import encode_kernel
 
 # The waits of an operation with no dependency (encoders only read them).
 _NO_WAITS: tuple = ()
@@ -254,7 +255,7 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     todo = list(cleanup) if cleanup else []
     own = len(todo)
     try:
-        keys = device._encode_kernel(fut, lane, loaded, grid, block, values, lengths, waits, todo, copy, foreign)
+        keys = encode_kernel(device, fut, lane, loaded, grid, block, values, lengths, waits, todo, copy, foreign)
     except GPUError as exc:
         return _refused(rt, fut, exc, todo, writes)
     except BaseException:

@@ -2,6 +2,7 @@
 cimport cython
 from aiogpu._core.copies cimport CopyOp, CopySide
 from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.state cimport RuntimeState
 from aiogpu.cuda.encode cimport Lane, enter_lane, lane_completes
 
 @cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint, mapped=bint)
@@ -15,3 +16,9 @@ cpdef memcpy_on_lane(object runtime, GPUFuture fut, Lane lane, object dptr, obje
 cpdef object copy_lane(object self, CopyOp op, object deps)
 
 cdef object _hot()
+
+# (the hooks ``bind`` sets: the signatures of state.pxd's copy_lane_fn and encode_copy_fn)
+@cython.locals(state=RuntimeState)
+cpdef bind(object runtime)
+cdef object _copy_lane_c(object runtime, object op, object deps)
+cdef object _encode_copy_c(object runtime, object fut, object op, object lane, object waits, list cleanup)

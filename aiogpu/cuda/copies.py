@@ -9,7 +9,13 @@ import functools
 from typing import Any, Sequence
 
 from .._core.copies import CopyOp
+from .._core.state import RuntimeState
 from .encode import Lane, enter_lane, lane_completes
+
+try:
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
+except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
+    globals()["cython"] = type("cython", (), {"compiled": False})
 
 _driver: Any = None          # aiogpu.cuda.driver, once a copy is encoded
 
@@ -98,3 +104,20 @@ def _peer_memcpy(dptr: int, dctx: Any, sptr: int, sctx: Any, nbytes: int, stream
     """``cuMemcpyPeerAsync`` (the driver stages it: no peer mapping), as an enqueue."""
     _hot()
     return _driver.cu.cuMemcpyPeerAsync(dptr, dctx, sptr, sctx, nbytes, stream)[0]
+
+
+def bind(runtime: Any) -> None:
+    """Compiled: ``runtime``'s copy hooks become this module's C functions, which the core then
+    calls as C functions (``aiogpu._core.state``); interpreted, its methods stay the hooks."""
+    if cython.compiled:
+        state: RuntimeState = runtime
+        state._copy_lane_c = _copy_lane_c
+        state._encode_copy_c = _encode_copy_c
+
+
+def _copy_lane_c(runtime: Any, op: Any, deps: Any) -> Any:
+    return copy_lane(runtime, op, deps)
+
+
+def _encode_copy_c(runtime: Any, fut: Any, op: Any, lane: Any, waits: Any, cleanup: list) -> Any:
+    return encode_copy(runtime, fut, op, lane, waits, cleanup)

@@ -32,6 +32,7 @@ class CudaDevice(Device):
         except BaseException:
             self._release_partial()      # what it made so far: nothing of it outlives the failure
             raise
+        _encode.bind(self)               # (the core calls its launch encode as a C function)
 
     def _create(self, runtime: Any, index: int, compute_streams: int) -> None:
         raw = D.check(cu.cuDeviceGetName(128, self.cudev), "cuDeviceGetName")

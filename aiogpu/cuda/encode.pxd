@@ -2,6 +2,7 @@
 # operation by the launch encode and the device-side waits.
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
+from aiogpu._core.state cimport DeviceState
 
 # The calling thread's state's identifier (never reused in the process, unlike its thread's).
 cdef extern from "Python.h":
@@ -69,3 +70,12 @@ cpdef long long enter_lane(object device, Lane lane, object waits) except? -1
 
 cpdef lane_completes(object runtime, GPUFuture fut, Lane lane, list cleanup, long long code, object word,
                      long long ticket)
+
+cpdef object encode_kernel(object device, object fut, object lane, object loaded, object grid, object block,
+                           object values, object lengths, object waits, list cleanup, object copy=*, object foreign=*)
+
+# (the hook ``bind`` sets: the signature of state.pxd's encode_kernel_fn)
+@cython.locals(state=DeviceState)
+cpdef bind(object device)
+cdef object _encode_kernel_c(object device, object fut, object lane, object loaded, object grid, object block,
+                             object values, object lengths, object waits, list cleanup, object copy, object foreign)

@@ -16,6 +16,8 @@ import threading
 from collections import deque
 from typing import Any, Sequence
 
+from .._core.state import DeviceState
+
 try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
 except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
@@ -292,6 +294,19 @@ def encode_kernel(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, g
         launch_on_lane(device, fut, lane, loaded, grid, block, values, waits, cleanup)
         return ()
     return device._encode_kernel_with(fut, lane, loaded, grid, block, values, waits, cleanup, copy, foreign)
+
+
+def bind(device: Any) -> None:
+    """Compiled: ``device``'s launch encode becomes this module's C function, which the core then
+    calls as a C function (``aiogpu._core.state``); interpreted, its method stays the hook."""
+    if cython.compiled:
+        state: DeviceState = device
+        state._encode_kernel_c = _encode_kernel_c
+
+
+def _encode_kernel_c(device: Any, fut: Any, lane: Any, loaded: Any, grid: Any, block: Any, values: Any,
+                     lengths: Any, waits: Any, cleanup: list, copy: Any, foreign: Any) -> Any:
+    return encode_kernel(device, fut, lane, loaded, grid, block, values, lengths, waits, cleanup, copy, foreign)
 
 
 def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, grid: tuple, block: tuple,

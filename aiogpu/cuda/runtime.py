@@ -72,6 +72,7 @@ class CudaRuntime(Runtime):
         self.completion_words = completion_words
         self.event_waits = event_waits or not completion_words
         self._init_core(CudaHub(spin_s=spin_s, watchdog_s=watchdog_s), copy_engines=copy_engines)
+        _copies.bind(self)         # (the core calls its copy hooks as C functions)
         self.reason = f"CUDA: {why}"
         try:                       # a failed construction leaves nothing behind (see _undo)
             count = D.check(cu.cuDeviceGetCount(), "cuDeviceGetCount")
