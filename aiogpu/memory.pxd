@@ -12,6 +12,7 @@ from aiogpu._core.interrupts cimport InterruptSafeLock
 from aiogpu._core.state cimport DeviceState, RuntimeState
 from aiogpu._core.submit cimport reap
 from aiogpu._core.copies cimport download
+from cpython.contextvars cimport get_value
 
 
 cdef class BuddyAllocator:

@@ -18,6 +18,8 @@ try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
 except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
     globals()["cython"] = type("cython", (), {"compiled": False})
+if not cython.compiled:
+    get_value: Any = None    # (the .pxd's C function, used only compiled)
 
 from . import capture as _capture
 from ._core.copies import download
@@ -450,7 +452,8 @@ def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
         if s.nbytes % dtype.itemsize:
             raise ValueError(f"{buf!r} is not a whole number of {dtype} elements")
         shape = None
-    if _capture._active.get() is not None and _capture.current(rt) is not None:
+    active = get_value(_capture._active) if cython.compiled else _capture._active.get()   # (a C call, compiled)
+    if active is not None and _capture.current(rt) is not None:
         # Nothing would fill the new array until a replay, and every replay would overwrite
         # it: a graph copies into host memory the caller owns.
         raise TypeError("to_numpy cannot be captured: inside a graph, copy into an array of "

@@ -1,4 +1,5 @@
 # The future's fields as C slots (futures.py is the source; this only types it).
+cimport cython
 from aiogpu._core.interrupts cimport RawLock
 
 cdef class GPUFuture
@@ -51,4 +52,5 @@ cdef class GPUFuture:
     cpdef _add_dependent(self, GPUFuture fut)
     cpdef _add_dep_signal(self, key)
 
+@cython.locals(f=GPUFuture)
 cpdef list preds_list(fut)

@@ -589,7 +589,12 @@ def completed_future(hub: Any, label: str = "",
 
 def preds_list(fut: Any) -> list:
     """``fut.preds`` as a list to add to (an empty tuple until the first entry: see
-    ``GPUFuture.preds``)."""
+    ``GPUFuture.preds``). ``fut``: a GPUFuture, or a graph node at capture."""
+    if isinstance(fut, GPUFuture):
+        f = fut                       # (compiled, its C field)
+        if type(f.preds) is not list:
+            f.preds = [*f.preds]
+        return f.preds
     if type(fut.preds) is not list:
         fut.preds = [*fut.preds]
     return fut.preds

@@ -5,6 +5,7 @@ cimport cython
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.interrupts cimport RawLock
+from cpython.contextvars cimport get_value
 from aiogpu.cuda.encode cimport Lane
 
 cdef extern from "<semaphore.h>" nogil:
@@ -16,14 +17,16 @@ cdef class LaneHub(Hub):
     # (counters written per operation: C fields, so that the instance's dict stays unchanged and
     # the core's calls of the hooks below find no Python override at the cost of a lookup)
     cdef public long long spin_hits, spin_misses, arms
+    cdef public object sem, sem_post
     cpdef watch(self, GPUFuture fut)
     cpdef reap(self)
     cpdef _wake_for(self, GPUFuture fut)
     cpdef bint spin_poll(self, GPUFuture fut) except -1
     cpdef parked_done(self, GPUFuture fut)
 
-@cython.locals(h=Hub, lane=Lane)
+@cython.locals(h=LaneHub, lane=Lane)
 cdef object _watch(object hub, GPUFuture fut)
+@cython.locals(h=LaneHub)
 cdef int _post(object hub) except -1
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
 @cython.locals(h=Hub, steps=bint, reaped=bint)
@@ -40,5 +43,5 @@ cdef int _take(object hub, Lane lane, long long ticket, dict posts) except -1
 cdef int _complete_each(object hub, list completed, dict posts) except -1
 @cython.locals(h=Hub)
 cdef int _settle_batch(object hub, list completed) except -1
-@cython.locals(lane=Lane, h=Hub, raw=RawLock)
+@cython.locals(lane=Lane, h=LaneHub, raw=RawLock)
 cdef int _wake_for(object hub, GPUFuture fut) except -1

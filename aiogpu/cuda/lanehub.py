@@ -22,6 +22,7 @@ if not cython.compiled:
     # The .pxd's C names, used only compiled (here for type checkers).
     sem_post: Any = None
     sem_t: Any = None
+    get_value: Any = None
 
 SPIN_MIN_S = 20e-6
 PRESLEEP_MIN_S = 2e-3      # copies predicted to need longer sleep on the loop first ...
@@ -158,7 +159,8 @@ class LaneHub(Hub):
 # fields, ``h`` being the hub as a ``Hub``.)
 def _watch(hub: Any, fut: GPUFuture) -> GPUFuture:
     h = hub
-    scope = submission_scope.get()
+    # (compiled, the context variable read by a C call, not a method call)
+    scope = get_value(submission_scope) if cython.compiled else submission_scope.get()
     if scope is not None:
         scope.append(fut)
     h._pending[fut.signal] = fut
@@ -174,10 +176,11 @@ def _watch(hub: Any, fut: GPUFuture) -> GPUFuture:
 def _post(hub: Any) -> int:
     """Post the hub's semaphore (wake the waiter): compiled, libc's ``sem_post`` itself (the
     ``Semaphore.post`` method is a ctypes call, some 2,000 instructions)."""
+    h = hub
     if cython.compiled:
-        sem_post(cython.cast(cython.pointer(sem_t), cython.cast(cython.size_t, hub.sem.address)))
+        sem_post(cython.cast(cython.pointer(sem_t), cython.cast(cython.size_t, h.sem.address)))
     else:
-        hub.sem.post()
+        h.sem.post()
     return 0
 
 
@@ -336,8 +339,8 @@ def _wake_for(hub: Any, fut: GPUFuture) -> int:
     try:
         if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
             return 0
-        err = lane.arm(hub.sem_post, hub.sem.address)
-        hub.arms += 1
+        err = lane.arm(h.sem_post, h.sem.address)
+        h.arms += 1
         if err == 0:
             lane.armed = lane.ticket
         else:                      # a broken context: let the waiter find out now
