@@ -2,11 +2,11 @@
 # One device call comparing this tree with an older one (A/B in one call: the machines differ
 # between calls): the service benchmark in alternating rounds (old, new, old, new, ...), host
 # cost per operation on the real driver for both, the service's peers once, and h200.sh's steps
-# for this tree (first).
+# for this tree: FIRST_STEPS before (it builds this tree), LAST_STEPS after the comparison.
 #
 #   git archive OLD_COMMIT aiogpu bench setup.py pyproject.toml tests/fakes | gzip > ab_old.tgz
 #   (on the device, from the repository root, with the wheels in .whl/ as for h200.sh)
-#   OLD_TGZ=ab_old.tgz ROUNDS=3 STEPS="tests bench" bash bench/ab.sh
+#   OLD_TGZ=ab_old.tgz ROUNDS=3 FIRST_STEPS=tests LAST_STEPS=bench bash bench/ab.sh
 #
 # Results go to $OUT (default ./out): ab.log (one line per run), each run's serve JSON and
 # h200.sh's files.
@@ -19,7 +19,7 @@ if [[ -n ${OLD_TGZ:-} ]]; then
 fi
 # This tree first (h200.sh installs the wheels, builds the C parts and runs its steps), so that
 # the old tree builds with the same Cython.
-STEPS=${STEPS:-"tests bench"} OUT=$OUT bash bench/h200.sh > "$OUT/h200_steps.log" 2>&1
+STEPS=${FIRST_STEPS-tests} OUT=$OUT bash bench/h200.sh > "$OUT/h200_first.log" 2>&1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 (cd "$OLD" && python3 -m aiogpu.cuda.build_hotc > /dev/null 2>&1
  python3 setup.py -q build_ext --inplace -j "$(nproc)" > "$OUT/old_build.log" 2>&1) || tail -3 "$OUT/old_build.log"
@@ -51,3 +51,6 @@ for tree in "$OLD" "$NEW"; do
     --shapes submit,await1,buffers,service 2>&1 | sed "s/^/hostcost $tag /") >> "$OUT/ab.log"
 done
 cat "$OUT/ab.log"
+if [[ -n ${LAST_STEPS-bench} ]]; then
+  STEPS=${LAST_STEPS-bench} BUILD_HOTC=0 BUILD_CORE=0 OUT=$OUT bash bench/h200.sh > "$OUT/h200_last.log" 2>&1
+fi

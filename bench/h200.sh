@@ -14,7 +14,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # the optional C hot path, built in place (no pip install here); without it aiogpu uses cuda-bindings
 [[ ${BUILD_HOTC:-1} == 1 ]] && { python3 -m aiogpu.cuda.build_hotc 2>&1 | tail -3 | tee "$OUT/build_hotc.log"; }
 # the compiled core (Cython, where the image has it), built in place; AIOGPU_PURE_CORE=1 runs it interpreted
-[[ ${BUILD_CORE:-1} == 1 ]] && { python3 setup.py -q build_ext --inplace > "$OUT/build_core.log" 2>&1; tail -3 "$OUT/build_core.log"; }
+[[ ${BUILD_CORE:-1} == 1 ]] && { python3 setup.py -q build_ext --inplace -j "$(nproc)" > "$OUT/build_core.log" 2>&1; tail -3 "$OUT/build_core.log"; }
 # aiogpu's metadata in place, as an editable install writes it: the pytest plugin is registered by
 # its entry point, and the plugin tests' child pytest finds it only there
 python3 setup.py -q egg_info > "$OUT/egg_info.log" 2>&1 || tail -3 "$OUT/egg_info.log"
