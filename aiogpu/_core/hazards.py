@@ -468,7 +468,8 @@ def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable
                 continue
         state = state_of(obj)
         if isinstance(state, HostRange):
-            state.hazards._record(state.start, state.end, fut, True)
+            r = state                   # (compiled, its C fields and its Hazards' C method)
+            r.hazards._record(r.start, r.end, fut, True)
             continue
         state.last_write = fut
         if state.reads:
@@ -483,7 +484,8 @@ def record(fut: Any, reads: Iterable[Any], writes: Iterable[Any], deps: Iterable
                 continue
         state = state_of(obj)
         if isinstance(state, HostRange):
-            state.hazards._record(state.start, state.end, fut, False)
+            r = state
+            r.hazards._record(r.start, r.end, fut, False)
             continue
         state.reads.append(fut)
 
