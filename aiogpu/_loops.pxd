@@ -12,12 +12,15 @@ cdef class _Slots:
     cdef public double _cost
     cdef public Py_ssize_t _floor
     cpdef bint take(self)
+    cpdef next_turn(self, seconds, used, backlog)
 
 cdef class _Port:
     cdef public object _queue, _lock
     cdef public bint _scheduled
     cdef public _Slots _slots
     cpdef bint _put(self, object items, bint first=*)
+    cpdef _hand_on(self, object items)
+    cpdef _wake(self, object awaiter)
 
 cdef class AsyncioPort(_Port):
     cdef public object _loop
@@ -25,6 +28,8 @@ cdef class AsyncioPort(_Port):
     cdef public double _mark
     @cython.locals(slots=_Slots)
     cpdef bint admit(self, bint woken=*)
+    cpdef _wake(self, object awaiter)
+    cpdef _count(self, object loop)
 
 cdef class _TrioAwaiter:
     cdef public object task
@@ -35,6 +40,7 @@ cdef class TrioPort(_Port):
     cdef public Py_ssize_t _running
     cdef public double _began, _ended
     cpdef bint admit(self, bint woken=*)
+    cpdef _wake(self, object awaiter)
 
 cdef object _modules, _get_running_loop
 cdef AsyncioPort _last_port

@@ -145,7 +145,9 @@ class _Port:
     def _put(self, items: Batch, first: bool = False) -> bool:
         """Queue ``items`` (``first``: at the front, in their order); True when the caller
         must schedule a drain (none is queued on the loop yet)."""
-        with self._lock:
+        lock = self._lock                 # (two calls, not a with statement: per post)
+        lock.acquire()
+        try:
             if first:
                 self._queue.extendleft(reversed(items))
             else:
@@ -154,6 +156,8 @@ class _Port:
                 return False
             self._scheduled = True
             return True
+        finally:
+            lock.release()
 
 
 class AsyncioPort(_Port):
@@ -192,10 +196,14 @@ class AsyncioPort(_Port):
     def _drain(self) -> None:
         """On the loop: wake as many as the next iteration has slots for."""
         queue = self._queue
-        with self._lock:
+        lock = self._lock                 # (as in _put)
+        lock.acquire()
+        try:
             batch = [queue.popleft() for _ in range(min(self._slots.slice, len(queue)))]
             more = self._scheduled = bool(queue)
-        loop = asyncio.get_running_loop()
+        finally:
+            lock.release()
+        loop = _get_running_loop()
         self._count(loop)
         if more:
             loop.call_soon(self._drain)
@@ -221,7 +229,7 @@ class AsyncioPort(_Port):
             return False
         slots.used += 1
         if not self._marked:
-            self._count(asyncio.get_running_loop())
+            self._count(_get_running_loop())
         return True
 
     def _count(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -239,7 +247,7 @@ class AsyncioPort(_Port):
         self._slots.next_turn(now - self._mark if self._mark else 0.0, used, len(self._queue))
         if used or self._queue:            # measure the next iteration too
             self._mark = now
-            asyncio.get_running_loop().call_soon(self._new_iteration)
+            _get_running_loop().call_soon(self._new_iteration)
         else:
             self._mark, self._marked = 0.0, False
 
@@ -264,19 +272,25 @@ class AsyncioPort(_Port):
         if self._put(rest, first=True):
             asyncio.get_running_loop().call_soon(self._drain)
 
-    def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
-        """Park until a completion is posted (the caller then goes on with ``go_on(woken=True)``)."""
+    def wait(self, work: Any) -> Generator:
+        """Park until a completion of ``work`` (a GPUFuture: its ``_register(port, awaiter)``
+        and ``_unregister``) is posted; the caller then goes on with ``go_on(woken=True)``."""
         loop: Any = self._loop()
         fut = loop.create_future()
-        register(fut)
+        work._register(self, fut)
         try:
             yield from fut.__await__()
         finally:
             # Cancelled: detach this awaiter only. A task destroyed after its loop was closed
             # also gets here; cancelling would schedule on the closed loop, so it is left be.
-            if not fut.done() and not loop.is_closed():
-                fut.cancel()
-            unregister(fut)
+            # Woken (a result, set only by a post), it is detached already: the settling took
+            # the work's awaiters before posting them, or ``_register`` posted it unregistered.
+            if not fut.done():
+                if not loop.is_closed():
+                    fut.cancel()
+                work._unregister(self, fut)
+            elif fut.cancelled():
+                work._unregister(self, fut)
 
 
 class _TrioAwaiter:
@@ -413,15 +427,16 @@ class TrioPort(_Port):
             self._drain_soon()            # (the run is running: it cannot have finished)
         yield from self._park(awaiter)
 
-    def wait(self, register: Callable[[Any], None], unregister: Callable[[Any], None]) -> Generator:
-        """Park until a completion is posted and a drain hands it on (its slot taken: the
-        caller's ``go_on(woken=True)`` then has nothing to do)."""
+    def wait(self, work: Any) -> Generator:
+        """Park until a completion of ``work`` (as for ``AsyncioPort.wait``) is posted and a
+        drain hands it on (its slot taken: the caller's ``go_on(woken=True)`` then has nothing
+        to do)."""
         awaiter = _TrioAwaiter(self._lowlevel.current_task())
-        register(awaiter)
+        work._register(self, awaiter)
         try:
             yield from self._park(awaiter)
         finally:
-            unregister(awaiter)
+            work._unregister(self, awaiter)
 
     def _park(self, awaiter: _TrioAwaiter) -> Generator:
         """Until a drain hands ``awaiter`` on. Cancelled before, it is marked done, so that a

@@ -23,6 +23,15 @@ core re-raises it). The core then records hazards, dependents and keys, and watc
 
 Lock rule: every hook is called with the runtime's lock held (``rt.lock``, an
 ``InterruptSafeLock``) unless its contract says otherwise.
+
+Compiled hooks: where the core is compiled, it calls the hooks it needs per operation without a
+Python method call when the backend's own compiled code provides them. The hub's per-operation
+hooks (``watch``, ``reap``, ``_wake_for``, ``spin_poll``, ``parked_done``) are C methods of the
+core's ``Hub`` (and of ``AwaitHub`` beside the future), which a backend's extension type
+overrides (CUDA's ``LaneHub``); a Python override still wins. ``_copy_lane``, ``_encode_copy``
+and ``_encode_kernel`` may be bound as C functions into the runtime's and the device's fields
+(``aiogpu/_core/state.pxd``; CUDA's ``bind`` functions): the core then calls those instead of
+the methods, so a backend that binds them must not also replace the methods per instance.
 """
 from __future__ import annotations
 

@@ -418,8 +418,7 @@ class GPUFuture:
                 ready = seen or self._state != PENDING
             if not ready and self._state == PENDING:
                 hub.arm(self)
-                yield from port.wait(lambda a: self._register(port, a),
-                                     lambda a: self._unregister(port, a))
+                yield from port.wait(self)
                 hub.parked_done(self)
                 parked = True
         finally:
