@@ -19,6 +19,7 @@ cdef class _Port:
     cdef public bint _scheduled
     cdef public _Slots _slots
     cpdef bint _put(self, object items, bint first=*)
+    cpdef bint admit(self, bint woken=*)
     cpdef _hand_on(self, object items)
     cpdef _wake(self, object awaiter)
 

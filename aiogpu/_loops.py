@@ -131,6 +131,10 @@ class _Port:
     def _report(self, callback: Callback, exc: BaseException) -> None:
         raise NotImplementedError
 
+    def admit(self, woken: bool = False) -> bool:
+        """May an await go on in this turn of the loop (each port's rule)?"""
+        raise NotImplementedError
+
     def _deliver(self, exc: BaseException) -> bool:
         """A callback raised KeyboardInterrupt or SystemExit: True if the loop was handed it
         its own way (the rest goes on); False: it propagates from here."""

@@ -1,6 +1,8 @@
 # The future's fields as C slots (futures.py is the source; this only types it).
 cimport cython
+from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 from aiogpu._core.interrupts cimport RawLock
+from aiogpu._loops cimport _Port, current_port
 
 cdef class GPUFuture
 
@@ -54,3 +56,6 @@ cdef class GPUFuture:
 
 @cython.locals(f=GPUFuture)
 cpdef list preds_list(fut)
+
+@cython.locals(ts=timespec)
+cdef double _now() except? -1.0

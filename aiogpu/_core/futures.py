@@ -20,9 +20,20 @@ from time import monotonic as _monotonic   # (per future: a module global, not a
 from typing import TYPE_CHECKING, Any, Callable, Generator, TypeVar
 
 from .. import _loops
+from .._loops import _Port, current_port
 from .interrupts import RawLock
 from .. import trace as _trace
 from ..errors import BlockingCallError, InvalidStateError
+
+try:
+    import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
+except ImportError:            # interpreted, where Cython is not installed (see interrupts.py)
+    globals()["cython"] = type("cython", (), {"compiled": False})
+if not cython.compiled:
+    # The .pxd's C names, used only compiled (here for type checkers).
+    clock_gettime: Any = None
+    CLOCK_MONOTONIC: Any = None
+    ts: Any = None
 
 log = logging.getLogger("aiogpu")
 
@@ -135,7 +146,7 @@ class GPUFuture:
         self.queue: str | None = None     # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
         self.packet: int | None = None    # packet index of the completion packet in that queue
         self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
-        self.submitted_at = _monotonic()
+        self.submitted_at = _now()
         self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
         self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
         self.waited = False               # someone waits for it: the waiter wakes for it (hub.arm)
@@ -397,7 +408,7 @@ class GPUFuture:
             return self.result()
         if self._views is not None:        # this task waits for the work again (see cancel())
             self._views.discard(_viewing_task())
-        port = _current_port()
+        port: _Port = current_port()      # (compiled: C calls of the port's admission)
         if port is None:
             raise RuntimeError("await a GPUFuture inside asyncio, uvloop or trio; "
                                "use .wait() in synchronous code")
@@ -478,10 +489,18 @@ class GPUFuture:
         return f"<GPUFuture {self.label or '?'}{where} {state}>"
 
 
+def _now() -> float:
+    """``time.monotonic()`` (CLOCK_MONOTONIC, its clock): compiled, one ``clock_gettime``, not a
+    Python call (per future)."""
+    if cython.compiled:
+        clock_gettime(CLOCK_MONOTONIC, cython.address(ts))
+        return ts.tv_sec + ts.tv_nsec * 1e-9
+    return _monotonic()
+
+
 # A done-callback delivered through a port in the batch of awaiters (``fn(future)``).
 _CallbackAwaiter = _loops.Callback
 _AsyncioPort = _loops.AsyncioPort
-_current_port = _loops.current_port
 
 
 class _InContext:
