@@ -289,11 +289,9 @@ class AsyncioPort(_Port):
             # also gets here; cancelling would schedule on the closed loop, so it is left be.
             # Woken (a result, set only by a post), it is detached already: the settling took
             # the work's awaiters before posting them, or ``_register`` posted it unregistered.
-            if not fut.done():
-                if not loop.is_closed():
+            if not fut.done() or fut.cancelled():
+                if not fut.done() and not loop.is_closed():
                     fut.cancel()
-                work._unregister(self, fut)
-            elif fut.cancelled():
                 work._unregister(self, fut)
 
 

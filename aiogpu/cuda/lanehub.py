@@ -156,7 +156,7 @@ class LaneHub(Hub):
 
 
 # (Functions, not methods: compiled, they are C functions over the hub's and the future's C
-# fields, ``h`` being the hub as a ``Hub``.)
+# fields, ``h`` being the hub typed: a ``Hub``, or a ``LaneHub`` where they read its own fields.)
 def _watch(hub: Any, fut: GPUFuture) -> GPUFuture:
     h = hub
     # (compiled, the context variable read by a C call, not a method call)
