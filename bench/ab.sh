@@ -20,7 +20,7 @@ fi
 # This tree first (h200.sh installs the wheels, builds the C parts and runs its steps), so that
 # the old tree builds with the same Cython.
 STEPS=${FIRST_STEPS-tests} OUT=$OUT bash bench/h200.sh > "$OUT/h200_first.log" 2>&1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 (cd "$OLD" && python3 -m aiogpu.cuda.build_hotc > /dev/null 2>&1
  python3 setup.py -q build_ext --inplace -j "$(nproc)" > "$OUT/old_build.log" 2>&1) || tail -3 "$OUT/old_build.log"
 for tree in "$OLD" "$NEW"; do
