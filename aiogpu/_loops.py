@@ -517,7 +517,7 @@ _last_port: AsyncioPort | None = None
 
 
 _modules = sys.modules
-_get_running_loop = asyncio._get_running_loop
+_get_running_loop: Callable[[], Any] = asyncio._get_running_loop   # (on the loop: its loop)
 
 
 def current_port() -> AsyncioPort | TrioPort | None:

@@ -27,7 +27,7 @@ import bisect
 import collections
 import ctypes
 import mmap
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -72,6 +72,9 @@ class _GiveBack:
     (its token to the pool's returns: any thread, a list append)."""
 
     __slots__ = ("returns", "token")
+    if TYPE_CHECKING:
+        returns: list
+        token: tuple
 
     def __call__(self) -> None:
         self.returns.append(self.token)

@@ -170,9 +170,9 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
     touches = bool(kreads or kwrites)
     if touches:                        # (pointer arguments: each is read, written or both)
         values = []
-        lengths: list = []
-        reads: list = []
-        writes: list = []
+        lengths: Any = []
+        reads: Any = []
+        writes: Any = []
         buffers: dict = {}
         for i in range(n):
             value = args[i]
