@@ -350,10 +350,14 @@ pkg = os.path.dirname(aiogpu.__file__) + os.sep
 # in a built tree and interpreted elsewhere: counted are the frames of every other aiogpu module.
 skip = (pkg + "_core" + os.sep, pkg + "hostpool.py", pkg + os.path.join("cuda", "copies.py"),
         pkg + os.path.join("cuda", "encode.py"))
+# The wake-up of a waiter that sleeps its long guard at that moment (the watch's post of its
+# semaphore) is left out: whether it happens depends on where the waiter thread is.
+wakeup = {("lanehub.py", "_post"), ("driver.py", "post")}
 calls = []
 def prof(frame, event, arg):
     name = frame.f_code.co_filename
-    if event == "call" and name.startswith(pkg) and not name.startswith(skip):
+    if event == "call" and name.startswith(pkg) and not name.startswith(skip) \
+            and (os.path.basename(name), frame.f_code.co_name) not in wakeup:
         calls.append(f"{name[len(pkg):]}:{frame.f_code.co_name}")
 x = d0.alloc(1024)
 for measure in (False, True):
@@ -388,7 +392,7 @@ def test_a_copy_front_makes_few_python_calls_outside_the_compiled_modules():
     proc = run_on_fake_cuda(COPY_CALLS_SCRIPT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     upload, download = map(int, proc.stdout.split("\n")[0].split())
-    # (2 and 1 compiled, 6 and 6 interpreted: the copy front is aiogpu.copy alone, the download
+    # (2 and 1 compiled, 5 and 5 interpreted: the copy front is aiogpu.copy alone, the download
     # to_numpy and its body, memory._to_numpy; 16 and 14 before it went straight to the core,
     # 33 and 25 before issue 25)
     assert upload <= 6 and download <= 6, proc.stdout
