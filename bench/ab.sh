@@ -9,7 +9,8 @@
 #   OLD_TGZ=ab_old.tgz ROUNDS=3 FIRST_STEPS=tests LAST_STEPS=bench bash bench/ab.sh
 #
 # Results go to $OUT (default ./out): ab.log (one line per run), each run's serve JSON and
-# h200.sh's files.
+# h200.sh's files. WORKS (default trivial,1ms) are the service's kinds of work; the peers run
+# PyTorch in the handler for trivial work and in the executor for 1 ms (the issue's two targets).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 NEW=$PWD
@@ -27,23 +28,31 @@ for tree in "$OLD" "$NEW"; do
   (cd "$tree" && PYTHONPATH=$tree:$PYTHONPATH python3 -c 'import aiogpu._core as C; print(C.summary())' 2>&1 | tail -1)
 done
 : > "$OUT/ab.log"
+WORKS=${WORKS:-trivial,1ms}
 for r in $(seq "${ROUNDS:-3}"); do
   for tree in "$OLD" "$NEW"; do
     tag=$([[ $tree == "$NEW" ]] && echo new || echo old)
-    (cd "$tree" && PYTHONPATH=$tree:$PYTHONPATH timeout 90 python3 bench/serve.py --backend cuda --modes aiogpu \
-      --work trivial --duration "${SERVE_S:-4}" --warmup 1 --json "$OUT/serve_${tag}_$r.json" > /dev/null 2>&1)
+    (cd "$tree" && PYTHONPATH=$tree:$PYTHONPATH timeout 120 python3 bench/serve.py --backend cuda --modes aiogpu \
+      --work "$WORKS" --duration "${SERVE_S:-4}" --warmup 1 --json "$OUT/serve_${tag}_$r.json" > /dev/null 2>&1)
     python3 - "$OUT/serve_${tag}_$r.json" "$tag" "$r" >> "$OUT/ab.log" <<'PY'
 import json, sys
-got = json.load(open(sys.argv[1]))["aiogpu/trivial"]
-print(f"serve {sys.argv[2]} round {sys.argv[3]}: {got['req_per_s']:.0f} req/s, loop lag p99 {got['lag_p99_ms']:.2f} ms, "
-      f"loop cpu {got['loop_cpu']:.2f}, wrong {got['wrong']}, errors {got['errors']}")
+for key, got in json.load(open(sys.argv[1])).items():
+    if key == "meta":
+        continue
+    print(f"serve {sys.argv[2]} round {sys.argv[3]} {key}: {got['req_per_s']:.0f} req/s, loop lag p99 "
+          f"{got['lag_p99_ms']:.2f} ms, loop cpu {got['loop_cpu']:.2f}, wrong {got['wrong']}, errors {got['errors']}")
 PY
   done
 done
-# The peers in the same call, on this tree's benchmark (each once): aiohttp alone, PyTorch in the handler.
+# The peers in the same call, on this tree's benchmark (each once): aiohttp alone and PyTorch in
+# the handler for trivial work, PyTorch in the executor for 1 ms.
 if [[ -n ${REF_MODES-host_only,torch_blocking} ]]; then
   PYTHONPATH=$NEW:$PYTHONPATH timeout 120 python3 bench/serve.py --backend cuda --modes "${REF_MODES-host_only,torch_blocking}" \
     --work trivial --duration "${SERVE_S:-4}" --warmup 1 --json "$OUT/serve_peers.json" 2>&1 | sed "s/^/peers /" >> "$OUT/ab.log"
+fi
+if [[ $WORKS == *1ms* && -n ${REF_MODES_1MS-torch_executor} ]]; then
+  PYTHONPATH=$NEW:$PYTHONPATH timeout 120 python3 bench/serve.py --backend cuda --modes "${REF_MODES_1MS-torch_executor}" \
+    --work 1ms --duration "${SERVE_S:-4}" --warmup 1 --json "$OUT/serve_peers_1ms.json" 2>&1 | sed "s/^/peers /" >> "$OUT/ab.log"
 fi
 for tree in "$OLD" "$NEW"; do
   tag=$([[ $tree == "$NEW" ]] && echo new || echo old)
