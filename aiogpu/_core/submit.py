@@ -22,8 +22,9 @@ from .futures import PENDING, GPUFuture, add_preds
 from .hazards import BufferState, dependencies, failed_dependency, record
 from .state import encode_kernel
 
-# The waits of an operation with no dependency (encoders only read them).
-_NO_WAITS: tuple = ()
+# The shared empty sequence: the waits of an operation with no dependency, and the lengths,
+# reads and writes of a launch that touches no memory (encoders and the bookkeeping only read them).
+_EMPTY: tuple = ()
 # Pending futures at which a loop that awaits stops leaving their retirement to the waiter
 # thread (its submissions reap, and so may a backend's spin): batches this big cost little per
 # future, and what a request held still dies young (before a garbage collection promotes it).
@@ -208,9 +209,7 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
                     return None
             elif type(value) is not float or not -high <= value <= high:
                 return None
-        # (no memory touched: the shared empty tuples, not three lists per launch; nothing
-        # downstream appends to a launch's lengths, reads or writes)
-        lengths = reads = writes = _NO_WAITS
+        lengths = reads = writes = _EMPTY     # (no memory touched: no three lists per launch)
     reap(rt)
     lock = rt.lock
     lock.enter()
@@ -223,7 +222,7 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
         label = shape[5]
         if not touches:
             return launch(rt, device, loaded, label, shape[0], shape[1], values, lengths, {}, reads, writes)
-        deps = dependencies(reads, writes, _NO_WAITS)
+        deps = dependencies(reads, writes, _EMPTY)
         if deps:
             err = failed_dependency(deps)
             if err is not None:
@@ -255,7 +254,7 @@ def launch(rt: Any, device: Any, loaded: Any, label: str, grid: tuple, block: tu
     hub = rt.hub
     fut = hub.new_future(label)
     fut.device, fut.kind = device, "dispatch"
-    waits = live(deps) if deps else _NO_WAITS
+    waits = live(deps) if deps else _EMPTY
     todo = list(cleanup) if cleanup else []
     own = len(todo)
     try:

@@ -352,13 +352,14 @@ skip = (pkg + "_core" + os.sep, pkg + "hostpool.py", pkg + os.path.join("cuda", 
         pkg + os.path.join("cuda", "encode.py"))
 # The wake-up of a waiter that sleeps its long guard at that moment (the watch's post of its
 # semaphore) is left out: whether it happens depends on where the waiter thread is.
-wakeup = {("lanehub.py", "_post"), ("driver.py", "post")}
+wakeup = {os.path.join("cuda", "lanehub.py") + ":_post", os.path.join("cuda", "driver.py") + ":post"}
 calls = []
 def prof(frame, event, arg):
     name = frame.f_code.co_filename
-    if event == "call" and name.startswith(pkg) and not name.startswith(skip) \
-            and (os.path.basename(name), frame.f_code.co_name) not in wakeup:
-        calls.append(f"{name[len(pkg):]}:{frame.f_code.co_name}")
+    if event == "call" and name.startswith(pkg) and not name.startswith(skip):
+        where = f"{name[len(pkg):]}:{frame.f_code.co_name}"
+        if where not in wakeup:
+            calls.append(where)
 x = d0.alloc(1024)
 for measure in (False, True):
     rt.stats()                              # (settled work retired now, not inside the copy)
