@@ -13,7 +13,8 @@ MODE=${MODE:-aiogpu}; WORK=${WORK:-trivial}
 for gil in "" "--gil"; do
   tag=${gil:+gil}; tag=${tag:-all}
   # SPY_ARGS=--native adds the C frames (the driver's share of a request); native unwinding at
-  # 500 Hz slows the server about 20x (H100: 211 req/s against 5,524), so SPY_RATE=100 perturbs less
+  # 500 Hz slowed the H100 server about 25x (211 req/s against 5,524): compare shares, not rates,
+  # or lower SPY_RATE
   timeout 120 $SPY record $gil ${SPY_ARGS:-} --threads --subprocesses --rate ${SPY_RATE:-500} --format raw -o "$OUT/spy_${MODE}_${WORK}_$tag.txt" -- \
     python3 bench/serve.py --backend cuda --modes $MODE --work $WORK --repeat 1 --duration ${SERVE_S:-5} 2>&1 | tail -5
 done
