@@ -3,11 +3,11 @@
 # integer would convert True and 1.5 silently).
 cimport cython
 from aiogpu._core.futures cimport GPUFuture
-from aiogpu._core.hazards cimport BufferState, HostRange, Hazards
+from aiogpu._core.hazards cimport BufferState, HostRange, Hazards, dependencies, failed_dependency
 from aiogpu._core.state cimport DeviceState, RuntimeState, copy_lane, encode_copy
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.interrupts cimport InterruptSafeLock
-from aiogpu._core.submit cimport _refused, _submitted, guarded, launch, live, reap
+from aiogpu._core.submit cimport _refused, _submitted, any_deferred, guarded, launch, live, reap
 from libc.string cimport memcpy
 from libc.stdint cimport uintptr_t
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_SIMPLE
@@ -60,7 +60,7 @@ cpdef object plain_upload_bytes(RuntimeState rt, BufferState dst, object src, ob
 cpdef object upload_plain(RuntimeState rt, BufferState dst, object src, object host_dtypes)
 @cython.locals(hz=Hazards)
 cpdef object download(RuntimeState rt, BufferState buf, object out, object address, object ptr)
-@cython.locals(op=CopyOp, reads=list, writes=list, device=DeviceState)
+@cython.locals(op=CopyOp, reads=list, writes=list, device=DeviceState, deps=dict)
 cpdef object submit(RuntimeState rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)
 
 @cython.locals(src=CopySide, dst=CopySide)

@@ -17,11 +17,11 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from .submit import _refused, _submitted, guarded, launch, live, reap
+from .submit import _refused, _submitted, any_deferred, guarded, launch, live, reap
 from ..errors import GPUError
 from ..kernels import copy_kernel
 from .state import copy_lane, encode_copy
-from .hazards import BufferState, HostRange      # (BufferState: memory.Buffer's base; the core does not import memory)
+from .hazards import BufferState, HostRange, dependencies, failed_dependency      # (BufferState: memory.Buffer's base; the core does not import memory)
 
 # Host sources up to this size are copied into pinned memory at submission (a memcpy on the
 # loop costs less than pinning the caller's array, and the array is free again at once).
@@ -257,6 +257,12 @@ def submit(rt: Any, d: CopySide, s: CopySide, nbytes: int, after: list, keep: An
     compile = None
     if not (rt.copy_engines and rt.engines_take_every_copy) and copy_kernel not in device._kernels:
         compile = rt._copy_kernel_compile(op)
+    if compile is None and not after and device.broken is None:
+        # The common copy, which nothing defers or fails: submitted here, as ``guarded``
+        # would (its dependencies are the same), without its general path.
+        deps = dependencies(reads, writes, ())
+        if not deps or failed_dependency(deps) is None and not any_deferred(deps):
+            return submit_copy(rt, op, deps)
     return guarded(rt, device, op_label(op), reads, writes, after, op, compile, rw)
 
 
