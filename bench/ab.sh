@@ -10,7 +10,8 @@
 #
 # Results go to $OUT (default ./out): ab.log (one line per run), each run's serve JSON and
 # h200.sh's files. WORKS (default trivial,1ms) are the service's kinds of work; the peers run
-# PyTorch in the handler for trivial work and in the executor for 1 ms (the issue's two targets).
+# PyTorch in the handler for trivial work and in the executor for 1 ms (the issue's two targets),
+# once, or with PEERS_EACH_ROUND=1 the trivial work's peers in every round.
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 NEW=$PWD
@@ -43,10 +44,16 @@ for key, got in json.load(open(sys.argv[1])).items():
           f"{got['lag_p99_ms']:.2f} ms, loop cpu {got['loop_cpu']:.2f}, wrong {got['wrong']}, errors {got['errors']}")
 PY
   done
+  # PEERS_EACH_ROUND=1: the trivial work's peers in every round, between the trees' runs (their
+  # rates spread as much as aiogpu's between runs: a median of each needs each in every round).
+  if [[ ${PEERS_EACH_ROUND:-0} == 1 && -n ${REF_MODES-host_only,torch_blocking} ]]; then
+    PYTHONPATH=$NEW:$PYTHONPATH timeout 120 python3 bench/serve.py --backend cuda --modes "${REF_MODES-host_only,torch_blocking}" \
+      --work trivial --duration "${SERVE_S:-4}" --warmup 1 --json "$OUT/serve_peers_$r.json" 2>&1 | sed "s/^/peers round $r /" >> "$OUT/ab.log"
+  fi
 done
-# The peers in the same call, on this tree's benchmark (each once): aiohttp alone and PyTorch in
-# the handler for trivial work, PyTorch in the executor for 1 ms.
-if [[ -n ${REF_MODES-host_only,torch_blocking} ]]; then
+# The peers in the same call, on this tree's benchmark (each once, unless PEERS_EACH_ROUND ran
+# them): aiohttp alone and PyTorch in the handler for trivial work, PyTorch in the executor for 1 ms.
+if [[ ${PEERS_EACH_ROUND:-0} != 1 && -n ${REF_MODES-host_only,torch_blocking} ]]; then
   PYTHONPATH=$NEW:$PYTHONPATH timeout 120 python3 bench/serve.py --backend cuda --modes "${REF_MODES-host_only,torch_blocking}" \
     --work trivial --duration "${SERVE_S:-4}" --warmup 1 --json "$OUT/serve_peers.json" 2>&1 | sed "s/^/peers /" >> "$OUT/ab.log"
 fi

@@ -5,9 +5,10 @@ The layer above (``Runtime.copy``, ``aiogpu.copy``, ``Buffer.to_numpy``) validat
 the two sides, or hands the common upload and the download of ``to_numpy`` here whole
 (``upload_plain``, ``download``); here a copy is routed (host-to-device on the destination's
 engine, device-to-host, device-to-device and peer copies on the SOURCE device's), given its
-hazards through ``submit.guarded``, the record itself being the submission callable (no
-closure per copy), and submitted (``submit_copy``): on the backend's copy lane, else as a
-shader copy. Its label is built when first read (errors, traces, the future), from a small
+dependencies from its hazards, and submitted (``submit_copy``): on the backend's copy lane,
+else as a shader copy. A copy that nothing fails or defers is submitted at once; the others go
+through ``submit.guarded``, the record itself being the submission callable (no closure per
+copy). Its label is built when first read (errors, traces, the future), from a small
 cache.
 
 Under the runtime's lock, like all of submission.
