@@ -26,6 +26,7 @@ cdef class Lane:
     cdef public object stream
     cdef public long long ticket
     cdef public long long armed
+    cdef public long long wanted
     cdef public object pending
     cdef public object kind
     cdef public object word

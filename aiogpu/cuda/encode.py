@@ -90,7 +90,7 @@ class Lane:
     work and the word. ``CudaRuntime.submit`` applies it, to operations that are one launch or
     copy call (``fusable``); the rest get the separate write."""
 
-    __slots__ = ("name", "device", "stream", "ticket", "armed", "pending", "kind", "word", "dptr",
+    __slots__ = ("name", "device", "stream", "ticket", "armed", "wanted", "pending", "kind", "word", "dptr",
                  "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq")
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
@@ -113,6 +113,7 @@ class Lane:
         self.sh = int(stream)
         self.ticket = 0          # operations submitted so far
         self.armed = 0           # a host-function wake-up is queued after this ticket
+        self.wanted = 0          # a parked ticket the waiter is to arm for (``lanehub._wake_for``)
         self.pending: deque = deque()
         self.spin = device.runtime.hub.spin_s
         self.rate: float | None = None

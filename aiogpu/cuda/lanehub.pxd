@@ -21,6 +21,7 @@ cdef class LaneHub(Hub):
     cpdef watch(self, GPUFuture fut)
     cpdef reap(self)
     cpdef _wake_for(self, GPUFuture fut)
+    cpdef rearm(self)
     cpdef bint spin_poll(self, GPUFuture fut) except -1
     cpdef parked_done(self, GPUFuture fut)
 
@@ -45,3 +46,7 @@ cdef int _complete_each(object hub, list completed, dict posts) except -1
 cdef int _settle_batch(object hub, list completed) except -1
 @cython.locals(lane=Lane, h=LaneHub, raw=RawLock)
 cdef int _wake_for(object hub, GPUFuture fut) except -1
+@cython.locals(lane=Lane, h=LaneHub, raw=RawLock)
+cdef int _rearm(object hub) except -1
+@cython.locals(h=LaneHub)
+cdef int _arm(object hub, Lane lane) except -1

@@ -64,8 +64,15 @@ class LaneHub(Hub):
 
     def _wake_for(self, fut: GPUFuture) -> None:
         """Make sure a wake-up (a host function posting the semaphore) follows ``fut``'s work:
-        its lane is armed (``FutureHub.arm`` decides who is waited for)."""
+        its lane is armed, or, while a wake-up queued on it has not run yet, that wake-up's
+        waiter arms it again for ``fut`` (``rearm``). ``FutureHub.arm`` decides who is waited
+        for."""
         _wake_for(self, fut)
+
+    def rearm(self) -> None:
+        """On the waiter thread, after a wake-up and before its scan: arm each lane again whose
+        parked tickets a wake-up queued earlier does not cover (``_wake_for``)."""
+        _rearm(self)
 
     def observe(self, fut: GPUFuture) -> None:
         """``done()``: read the lane's completion word (one memory load) and settle the lane's
@@ -339,12 +346,49 @@ def _wake_for(hub: Any, fut: GPUFuture) -> int:
     try:
         if fut._state != PENDING or lane.armed >= fut.ticket or lane.stream is None:
             return 0
-        err = lane.arm(h.sem_post, h.sem.address)
-        h.arms += 1
-        if err == 0:
-            lane.armed = lane.ticket
-        else:                      # a broken context: let the waiter find out now
-            _post(hub)
+        word = lane.word
+        if word is not None and word.value < lane.armed:
+            # The wake-up queued after ``armed`` has not run (the lane writes the word before
+            # it): the waiter it wakes arms the lane again for this ticket before it scans
+            # (``_rearm``), so a burst of parked awaits queues one host function, not one
+            # each (a cuLaunchHostFunc costs about a launch, on the loop).
+            if fut.ticket > lane.wanted:
+                lane.wanted = fut.ticket
+            return 0
+        _arm(hub, lane)
     finally:
         raw._give()
+    return 0
+
+
+def _rearm(hub: Any) -> int:
+    """``LaneHub.rearm``: each lane with a parked ticket beyond its last wake-up's, and not
+    complete by its word, is armed after its current work (under the plain lock, as
+    ``_wake_for``): the scan that follows settles what completed before the arm."""
+    h = hub
+    for lane in hub.lanes:
+        if lane.wanted <= lane.armed:
+            continue
+        raw = h.lock.raw
+        raw._take(True, -1.0)
+        try:
+            word = lane.word
+            if lane.wanted > lane.armed and lane.stream is not None and word is not None \
+                    and word.value < lane.wanted:
+                _arm(hub, lane)
+        finally:
+            raw._give()
+    return 0
+
+
+def _arm(hub: Any, lane: Any) -> int:
+    """Queue the wake-up host function on ``lane`` after its current work (under the plain
+    lock)."""
+    h = hub
+    err = lane.arm(h.sem_post, h.sem.address)
+    h.arms += 1
+    if err == 0:
+        lane.armed = lane.ticket
+    else:                          # a broken context: let the waiter find out now
+        _post(hub)
     return 0

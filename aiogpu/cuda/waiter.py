@@ -16,7 +16,10 @@ a completion reaches an awaiter, fastest first:
    ``FutureHub.arm`` for who counts as waiting) *arm* their lane: one ``cuLaunchHostFunc`` of
    libc's ``sem_post`` is queued on the lane's stream after its current work (once per lane
    until that point is passed). The driver's callback thread runs ``sem_post`` in C: no Python
-   runs on a driver thread.
+   runs on a driver thread. While a wake-up queued on the lane has not run, a park queues none:
+   the waiter that wake-up wakes arms the lane again, before its scan, for the tickets parked
+   meanwhile (``LaneHub.rearm``), so a burst of parked awaits costs one host function, not one
+   each.
 3. **The waiter thread** (one per runtime) blocks in ``sem_timedwait`` with the GIL released.
    After any wake-up it rescans every lane (level-triggered): it settles each lane's prefix up to
    its completion word, and queries the stream (or the event) of the first future beyond it
@@ -183,6 +186,7 @@ class CudaHub(LaneHub, FutureHub):
             while self._events:
                 self._run_event(self._events.popleft())
             try:
+                self.rearm()
                 self.scan()
                 self.retry_backlog()
             except BaseException:  # noqa: BLE001 - the waiter must never die (callbacks are

@@ -2,8 +2,9 @@
 processes before aiogpu, since aiogpu.cuda.driver binds some driver calls at import).
 
 The fake runs every operation at once; these controls make the cases a real GPU produces:
-- ``hold(stream)``: the stream's completion-word writes wait until ``release(stream)``, and
-  queries of it say NOT_READY meanwhile (work that is still running on the device);
+- ``hold(stream)``: the stream's completion-word writes and host functions wait, in order,
+  until ``release(stream)`` (or ``step(stream, n)`` runs the first ``n``), and queries of it say
+  NOT_READY meanwhile (work that is still running on the device);
 - ``log``: the driver calls named in ``LOGGED``, with their arguments, in call order;
 - ``honour_waits()``: completion-word writes wait behind the stream's ``cuStreamWaitValue64``
   until the word waited on reaches its value (a thread plays the device);
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import threading
 from collections import deque
 
@@ -76,8 +78,29 @@ def _wait(stream, dptr, value, flags):
     return _real_wait(stream, dptr, value, flags)
 
 
+_real_host_func = cu.cuLaunchHostFunc
+
+
+def _queued_host_func(stream, run) -> bool:
+    """Queue ``run`` (a host function's call) behind what ``stream`` holds back, if it holds
+    anything back: True if queued."""
+    with _lock:
+        s = int(stream)
+        if s in _held or _queues.get(s):
+            _queues.setdefault(s, deque()).append(("host", run, None))
+            return True
+    return False
+
+
+def _host_func(stream, fn, data):
+    if _queued_host_func(stream, lambda: _real_host_func(stream, fn, data)):
+        return (cu.CUresult.CUDA_SUCCESS,)
+    return _real_host_func(stream, fn, data)
+
+
 cu.cuStreamWriteValue64 = _write
 cu.cuStreamWaitValue64 = _wait
+cu.cuLaunchHostFunc = _host_func
 
 
 def pump() -> None:
@@ -86,14 +109,32 @@ def pump() -> None:
         for s, q in _queues.items():
             if s in _held:
                 continue
-            while q:
-                kind, dptr, value = q[0]
-                if kind == "wait":
-                    if _word(dptr) < value:
-                        break
-                else:
-                    _real_write(cu.CUstream(s), dptr, value, 0)
-                q.popleft()
+            _run_queued(s, q, len(q))
+
+
+def _run_queued(s: int, q: deque, n: int) -> int:
+    """Run up to ``n`` of ``q``'s first entries, as far as its waits allow (under ``_lock``)."""
+    done = 0
+    while q and done < n:
+        kind, a, b = q[0]
+        if kind == "wait":
+            if _word(a) < b:
+                break
+        elif kind == "host":
+            a()
+        else:
+            _real_write(cu.CUstream(s), a, b, 0)
+        q.popleft()
+        done += 1
+    return done
+
+
+def step(stream, n: int) -> int:
+    """Run the first ``n`` entries (writes, waits, host functions) that ``stream`` holds back,
+    and keep holding the rest; how many ran."""
+    with _lock:
+        q = _queues.get(int(stream))
+        return _run_queued(int(stream), q, n) if q else 0
 
 
 def honour_waits() -> None:
@@ -116,7 +157,8 @@ def hold(stream) -> None:
 
 
 def release(stream) -> None:
-    """Write what ``stream`` held back, in order (as its waits allow), and stop holding it."""
+    """Run what ``stream`` held back (writes, host functions), in order (as its waits allow),
+    and stop holding it."""
     with _lock:
         _held.discard(int(stream))
     pump()
@@ -209,7 +251,20 @@ _C_PROTOS = {
                    lambda s, e, f: cu.cuStreamWaitEvent(s or 0, e or 0, f)),
     "record": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _vp), lambda e, s: cu.cuEventRecord(e or 0, s or 0)),
     "query": (ctypes.CFUNCTYPE(ctypes.c_int, _vp), lambda e: cu.cuEventQuery(e or 0)),
+    "host_func": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _vp, _vp), lambda s, fn, d: _c_host_func(s or 0, fn, d)),
 }
+_c_function = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _c_host_func(stream, fn, data):
+    """The C path's ``cuLaunchHostFunc``: the C function ``fn(data)`` at once (as the fake
+    libcuda.so.1 runs it), or behind what the stream holds back."""
+    if not fn:
+        return (cu.CUresult.CUDA_ERROR_INVALID_VALUE,)
+    run = functools.partial(_c_function(fn), data)
+    if not _queued_host_func(stream, run):
+        run()
+    return (cu.CUresult.CUDA_SUCCESS,)
 _c_forwarders = []        # (the ctypes callbacks must outlive every call into the library)
 
 
