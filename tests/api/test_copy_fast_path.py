@@ -19,7 +19,11 @@ pytestmark = pytest.mark.asyncio
 async def test_the_common_upload_and_download_skip_the_general_path(any_rt, monkeypatch):
     d0 = any_rt.devices[0]
     x = d0.alloc(64 * 4)
-    await aiogpu.copy(x, np.zeros(64, np.float32))          # (warm: lanes, the copy kernel)
+    # Warm: the lanes, the copy kernel where a copy may run as a shader, and the kernel (a
+    # launch whose kernel is still compiling is deferred work, which defers what reads it).
+    await aiogpu.copy(x, np.zeros(64, np.float32))
+    await x.to_numpy(np.float32)
+    await d0.launch(scale, (64,), (64,), (x, 1.0, 64))
     general = count_calls(monkeypatch, copies, "guarded")
     host = np.arange(64, dtype=np.float32)
     up = aiogpu.copy(x, host)                                # a destination with history
