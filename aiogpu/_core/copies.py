@@ -22,7 +22,8 @@ from .submit import _refused, _submitted, any_deferred, guarded, launch, live, r
 from ..errors import GPUError
 from ..kernels import copy_kernel
 from .state import copy_lane, encode_copy
-from .hazards import BufferState, HostRange, dependencies, failed_dependency      # (BufferState: memory.Buffer's base; the core does not import memory)
+# (BufferState: memory.Buffer's base; the core does not import memory)
+from .hazards import BufferState, HostRange, dependencies, failed_dependency
 
 # Host sources up to this size are copied into pinned memory at submission (a memcpy on the
 # loop costs less than pinning the caller's array, and the array is free again at once).

@@ -93,7 +93,7 @@ def _queued_host_func(stream, run) -> bool:
 
 
 def _host_func(stream, fn, data):
-    if _queued_host_func(stream, lambda: _real_host_func(stream, fn, data)):
+    if _queued_host_func(stream, functools.partial(_real_host_func, stream, fn, data)):
         return (cu.CUresult.CUDA_SUCCESS,)
     return _real_host_func(stream, fn, data)
 
@@ -234,6 +234,20 @@ class ForeignArray:
 # -- the same controls on the C path: the fake libcuda.so.1 (tests/fakes/libcuda/), where it is
 # loaded, forwards its entry points to the driver calls above, so that holds, the log, honoured
 # waits and failing queries hold for aiogpu's C hot path (and for ctypes callers) too.
+_c_function = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+def _c_host_func(stream, fn, data):
+    """The C path's ``cuLaunchHostFunc``: the C function ``fn(data)`` at once (as the fake
+    libcuda.so.1 runs it), or behind what the stream holds back."""
+    if not fn:
+        return (cu.CUresult.CUDA_ERROR_INVALID_VALUE,)
+    run = functools.partial(_c_function(fn), data)
+    if not _queued_host_func(stream, run):
+        run()
+    return (cu.CUresult.CUDA_SUCCESS,)
+
+
 C_ORDER = ("launch", "memcpy", "write64", "wait64", "wait_event", "record", "query", "host_func")
 _c_lib = cu._c_library() if hasattr(cu, "_c_library") else None
 _vp, _u, _u64 = ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint64
@@ -253,18 +267,6 @@ _C_PROTOS = {
     "query": (ctypes.CFUNCTYPE(ctypes.c_int, _vp), lambda e: cu.cuEventQuery(e or 0)),
     "host_func": (ctypes.CFUNCTYPE(ctypes.c_int, _vp, _vp, _vp), lambda s, fn, d: _c_host_func(s or 0, fn, d)),
 }
-_c_function = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-def _c_host_func(stream, fn, data):
-    """The C path's ``cuLaunchHostFunc``: the C function ``fn(data)`` at once (as the fake
-    libcuda.so.1 runs it), or behind what the stream holds back."""
-    if not fn:
-        return (cu.CUresult.CUDA_ERROR_INVALID_VALUE,)
-    run = functools.partial(_c_function(fn), data)
-    if not _queued_host_func(stream, run):
-        run()
-    return (cu.CUresult.CUDA_SUCCESS,)
 _c_forwarders = []        # (the ctypes callbacks must outlive every call into the library)
 
 
