@@ -43,6 +43,7 @@ READY_PER_SIZE = 64
 
 
 _OWNERS: dict = {}       # size -> owner class (``_owner_class``)
+_frombuffer = np.frombuffer      # (one module lookup, not two, per download)
 
 
 def _owner_class(size: int) -> Any:
@@ -138,19 +139,19 @@ class PinnedPool:
     def empty(self, nbytes: int, dtype: Any) -> np.ndarray:
         """A one-dimensional array of ``nbytes // itemsize`` elements in pinned memory; its
         block returns to the pool when the array and its views are gone."""
-        return self.empty_at(nbytes, dtype)[0]
+        return self.empty_at(nbytes, np.dtype(dtype))[0]
 
-    def empty_at(self, nbytes: int, dtype: Any) -> tuple[np.ndarray, int, int]:
-        """``empty(nbytes, dtype)``, the host address and the device pointer of its first byte
-        (the address: reading it back through ``__array_interface__`` costs microseconds)."""
-        if not isinstance(dtype, np.dtype):
-            dtype = np.dtype(dtype)
+    def empty_at(self, nbytes: int, dtype: np.dtype) -> tuple[np.ndarray, int, int]:
+        """``empty(nbytes, dtype)`` of a ``numpy.dtype`` (the caller converts: an isinstance
+        test against NumPy's dtype metaclass costs more than the rest of the checks of a
+        download), the host address and the device pointer of its first byte (the address:
+        reading it back through ``__array_interface__`` costs microseconds)."""
         token = self._carve(nbytes)
         address, order, device, slab = token
         size = (1 << order) if order >= 0 else slab.size
         owner = _owner_class(size).from_buffer(slab.map, address - slab.start)
         owner.returns, owner.token = self._returns, token
-        return np.frombuffer(owner, dtype, nbytes // dtype.itemsize), address, device
+        return _frombuffer(owner, dtype, nbytes // dtype.itemsize), address, device
 
     def _carve(self, nbytes: int) -> tuple:
         """The token (address, order (-1: large), device pointer, slab) of a block of at least

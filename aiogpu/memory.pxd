@@ -80,5 +80,7 @@ cdef _init_buffer(Buffer buf, object device, object address, object nbytes, obje
 @cython.locals(rt=RuntimeState, memory=DeviceMemory)
 cpdef object alloc_plain(DeviceState device, object nbytes)
 
+cdef dict _NUMPY_TYPES
+cdef object _capture_active
 @cython.locals(s=BufferState, rt=RuntimeState, fut=GPUFuture, lock=InterruptSafeLock)
 cpdef object _to_numpy(object buf, object dtype)

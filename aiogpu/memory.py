@@ -304,6 +304,8 @@ class DeviceMemory:
 _HOST_DTYPES: dict = {}
 # NumPy scalar types (np.float32, ...) that ``to_numpy`` was given, as their validated dtypes.
 _NUMPY_TYPES: dict = {}
+# The capture context variable, read per download (one module lookup less than ``_capture._active``).
+_capture_active = _capture._active
 
 
 def host_dtype(dtype: Any, what: str) -> np.dtype:
@@ -452,7 +454,7 @@ def _to_numpy(buf: Any, dtype: Any) -> "GPUFuture[np.ndarray]":
         if s.nbytes % dtype.itemsize:
             raise ValueError(f"{buf!r} is not a whole number of {dtype} elements")
         shape = None
-    active = get_value(_capture._active) if cython.compiled else _capture._active.get()   # (a C call, compiled)
+    active = get_value(_capture_active) if cython.compiled else _capture_active.get()   # (a C call, compiled)
     if active is not None and _capture.current(rt) is not None:
         # Nothing would fill the new array until a replay, and every replay would overwrite
         # it: a graph copies into host memory the caller owns.

@@ -44,6 +44,7 @@ cdef inline _memcpy(object dst, object src, object nbytes):
     memcpy(<void*><uintptr_t>dst, <const void*><uintptr_t>src, <size_t>nbytes)
 
 
+cdef dict _labels
 cpdef str op_label(CopyOp op)
 cdef str _where(CopySide side)
 cpdef str label_of(CopySide src, CopySide dst, object nbytes)
@@ -63,7 +64,7 @@ cpdef object download(RuntimeState rt, BufferState buf, object out, object addre
 @cython.locals(op=CopyOp, reads=list, writes=list, device=DeviceState, deps=dict)
 cpdef object submit(RuntimeState rt, CopySide d, CopySide s, object nbytes, list after, object keep, bint fresh_dst=*)
 
-@cython.locals(src=CopySide, dst=CopySide)
+@cython.locals(src=CopySide, dst=CopySide, fut=GPUFuture)
 cpdef object submit_copy(RuntimeState rt, CopyOp op, dict deps)
 @cython.locals(fut=GPUFuture, waits=list, todo=list, hub=Hub)
 cdef object _engine_copy(RuntimeState rt, CopyOp op, dict deps)
