@@ -36,6 +36,15 @@ if [[ $STEPS == *serve* ]]; then
   timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --duration ${SERVE_S:-5} \
     --repeat ${SERVE_REPEAT:-1} ${SERVE_ARGS:-} --json "$OUT/serve_h200.json" 2>&1 | tee "$OUT/serve.log"
 fi
+if [[ $STEPS == *fakedriver* ]]; then   # the service on the fake driver: aiogpu's host path in aiohttp, the GPU free
+  # (The fake kernels compute nothing, so every answer reads as wrong: the rate is what counts.
+  # Against this machine's serve run, it splits aiogpu's share of a request into the driver's
+  # and its own; against host_only, its own and aiohttp's.)
+  FAKE_LIB=$(python3 tests/fakes/libcuda/build_libcuda.py) && \
+    LD_LIBRARY_PATH=$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$PWD/tests/fakes:$PYTHONPATH \
+    timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --modes aiogpu --work trivial \
+    --duration ${SERVE_S:-5} --repeat ${SERVE_REPEAT:-1} --json "$OUT/serve_fake_driver.json" 2>&1 | tee "$OUT/fakeserve.log"
+fi
 if [[ $STEPS == *torch_service* ]]; then   # issue 15's example: 64 clients, loop lag p99 < 5 ms
   timeout 180 python3 examples/torch_service.py --clients 64 --duration ${SERVE_S:-5} \
     --json "$OUT/torch_service_h200.json" 2>&1 | tee "$OUT/torch_service.log"
