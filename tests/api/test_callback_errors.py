@@ -85,11 +85,13 @@ for kind in (asyncio.CancelledError, SystemExit, KeyboardInterrupt, GeneratorExi
     def bad(f, kind=kind):
         ran.append(threading.current_thread() is rt.hub._thread)
         raise kind("from a done-callback")
-    fc.hold(d0.h2d.stream)                 # the copy is still running when the callback comes
+    for lane in d0.lanes:                  # the copy is still running when the callback comes
+        fc.hold(lane.stream)
     up = aiogpu.copy(buf, data)
     up.add_done_callback(bad)
     up.add_done_callback(lambda f: ran.append("after"))
-    fc.release(d0.h2d.stream)
+    for lane in d0.lanes:
+        fc.release(lane.stream)
     for _ in range(500):
         if len(ran) == 2:
             break
