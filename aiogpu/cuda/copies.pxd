@@ -16,8 +16,6 @@ cpdef memcpy_on_lane(object runtime, GPUFuture fut, Lane lane, object dptr, obje
 cpdef object copy_lane(object self, CopyOp op, object deps)
 
 cdef object _hot()
-@cython.locals(lane=Lane)
-cdef object _idle_compute(object device)
 
 # (the hooks ``bind`` sets: the signatures of state.pxd's copy_lane_fn and encode_copy_fn)
 @cython.locals(state=RuntimeState)

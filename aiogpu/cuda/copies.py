@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
-from .._core.copies import STAGE_LIMIT, CopyOp
+from .._core.copies import CopyOp
 from .._core.state import RuntimeState
 from .encode import Lane, enter_lane, lane_completes
 
@@ -18,8 +18,6 @@ except ImportError:            # interpreted, where Cython is not installed (see
     globals()["cython"] = type("cython", (), {"compiled": False})
 
 _driver: Any = None          # aiogpu.cuda.driver, once a copy is encoded
-# Uploads up to this size may go on a compute stream (``copy_lane``): those the core stages.
-SMALL_UPLOAD = STAGE_LIMIT
 
 
 def _hot() -> Any:
@@ -78,20 +76,12 @@ def memcpy_on_lane(runtime: Any, fut: Any, lane: Lane, dptr: int, sptr: int, nby
 
 
 def copy_lane(self: Any, op: CopyOp, deps: dict) -> Any:
-    """The copy stream of the copy's direction on its device, except where a compute stream
-    of the device makes a cross-stream wait unneeded (the DMA engine does the copy on either):
-
-    - a download (or device copy) whose only pending input is work on one compute stream goes
-      on that stream: stream order then suffices, and no cross-stream wait stalls the
-      downloads queued behind it on the shared copy stream;
-    - a small upload (``SMALL_UPLOAD`` bytes at most) goes on the compute stream of its only
-      pending input, or, with none pending, on the first compute stream with nothing left to
-      run (its completion word shows its last ticket): the launch that reads the upload then
-      follows it on that stream (``submit.pick_lane``) with no wait, as the download after it
-      does. With every compute stream busy, or inputs on several streams, it goes on the
-      upload stream, so that it never queues behind a running kernel."""
+    """The copy stream of the copy's direction on its device; but a download whose only
+    pending input is work on one compute stream of the device goes on that stream: stream
+    order then suffices, and no cross-stream wait stalls the downloads queued behind it on
+    the shared copy stream (the DMA engine does the copy either way)."""
     device, direction = op.device, op.direction
-    if deps and direction != "peer" and (direction != "h2d" or op.nbytes <= SMALL_UPLOAD):
+    if deps and (direction == "d2h" or direction == "d2d"):
         lane = None             # the one lane of the live inputs, if there is one
         for f in deps:
             other = f.lane
@@ -103,25 +93,11 @@ def copy_lane(self: Any, op: CopyOp, deps: dict) -> Any:
         else:
             if lane is not None and lane.device is device and lane.kind == "compute":
                 return lane
-            if lane is None and direction == "h2d":
-                return _idle_compute(device)
-    elif direction == "h2d" and not deps and op.nbytes <= SMALL_UPLOAD:
-        return _idle_compute(device)
     if direction == "h2d":
         return device.h2d
     if direction == "d2h":
         return device.d2h
     return device.d2d if direction == "d2d" else device.peer
-
-
-def _idle_compute(device: Any) -> Any:
-    """The first compute lane of ``device`` with nothing left to run (its word shows its last
-    ticket), else its upload lane (also where lanes have no completion word)."""
-    for lane in device.compute:
-        word = lane.word
-        if word is not None and word.value >= lane.ticket:
-            return lane
-    return device.h2d
 
 
 def _peer_memcpy(dptr: int, dctx: Any, sptr: int, sctx: Any, nbytes: int, stream: int, word: int, ticket: int) -> int:

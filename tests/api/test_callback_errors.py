@@ -85,13 +85,11 @@ for kind in (asyncio.CancelledError, SystemExit, KeyboardInterrupt, GeneratorExi
     def bad(f, kind=kind):
         ran.append(threading.current_thread() is rt.hub._thread)
         raise kind("from a done-callback")
-    for lane in d0.lanes:                  # the copy is still running when the callback comes
-        fc.hold(lane.stream)
+    fc.hold(d0.h2d.stream)                 # the copy is still running when the callback comes
     up = aiogpu.copy(buf, data)
     up.add_done_callback(bad)
     up.add_done_callback(lambda f: ran.append("after"))
-    for lane in d0.lanes:
-        fc.release(lane.stream)
+    fc.release(d0.h2d.stream)
     for _ in range(500):
         if len(ran) == 2:
             break

@@ -223,13 +223,12 @@ rt = aiogpu.Runtime("cuda", **CONFIG)
 d0 = rt.devices[0]
 k2 = aiogpu.kernel("f32*, const f32*, u32", cuda='extern "C" __global__ void k2(float* a, const float* b, unsigned n) {}',
                    name="k2")(lambda launch, a, b, n: None)
-# (bigger than a small upload: it goes on the upload stream, and the launch after it waits there)
-x, y = d0.alloc(1 << 20), d0.alloc(1 << 20)
-host, out = np.arange(1 << 18, dtype=np.float32), np.empty(1 << 18, np.float32)
+x, y = d0.alloc(1024), d0.alloc(1024)
+host, out = np.arange(256, dtype=np.float32), np.empty(256, np.float32)
 assert d0.launch(k2, (256,), (256,), (x, y, 0)).wait(30)     # (compiled and loaded now, not deferred)
 released[0] = False
 log.clear()
-futs = [aiogpu.copy(x, host)]                                 # upload (h2d lane: 1 MiB)
+futs = [aiogpu.copy(x, host)]                                 # upload (h2d lane)
 futs.append(d0.launch(k2, (256,), (256,), (y, x, 256)))       # waits for the upload's lane
 futs.append(d0.launch(k2, (256,), (256,), (x, y, 256)))       # same lane as the first launch
 futs.append(aiogpu.copy(y, x))                                # device copy after the launches
