@@ -43,7 +43,7 @@ if [[ $STEPS == *fakedriver* ]]; then   # the service on the fake driver: aiogpu
   FAKE_LIB=$(python3 tests/fakes/libcuda/build_libcuda.py) && \
     LD_LIBRARY_PATH=$FAKE_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONPATH=$PWD/tests/fakes:$PYTHONPATH \
     timeout ${SERVE_TIMEOUT:-300} python3 bench/serve.py --backend cuda --modes aiogpu --work trivial \
-    --duration ${SERVE_S:-5} --repeat ${SERVE_REPEAT:-1} --json "$OUT/serve_fake_driver.json" 2>&1 | tee "$OUT/fakeserve.log"
+    --duration ${SERVE_S:-5} --repeat ${SERVE_REPEAT:-1} --json "$OUT/serve_fake_driver.json" 2>&1 | tee "$OUT/fakedriver.log"
 fi
 if [[ $STEPS == *torch_service* ]]; then   # issue 15's example: 64 clients, loop lag p99 < 5 ms
   timeout 180 python3 examples/torch_service.py --clients 64 --duration ${SERVE_S:-5} \
