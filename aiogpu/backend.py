@@ -1,14 +1,16 @@
 """The backend interface: every hook a backend implements, declared once, with its contract.
 
 A backend makes aiogpu run on one kind of driver (HSA: ``aiogpu/hsa``; CUDA: ``aiogpu/cuda``). It
-implements three classes of hooks, and only these:
+implements four classes of hooks, and only these:
 
 - ``CompletionHooks``, on its hub (a subclass of ``aiogpu._core.hub.FutureHub``): completion
   keys, reading them, waking the waiter thread;
 - ``DeviceHooks``, on its device (a subclass of ``aiogpu.device.Device``): memory, kernel
   loading, and *encoding* a dispatch or a fill on a lane;
 - ``RuntimeHooks``, on its runtime (a subclass of ``aiogpu.runtime.Runtime``): host memory,
-  copy lanes and *encoding* copies and joins, graphs, other libraries' streams, stats, release.
+  copy lanes and *encoding* copies and joins, graphs, other libraries' streams, stats, release;
+- ``GraphExecHooks``, on its graph executable (a subclass of ``aiogpu.graph.GraphExec``):
+  *encoding* a replay, giving back what the executable holds.
 
 The core calls the hooks; a hook never calls back into the core's bookkeeping (futures,
 hazards, tracking, dependents, watching, retiring: ``aiogpu/_core``). An encode hook receives a
@@ -233,8 +235,12 @@ class RuntimeHooks:
         raise NotOnCudaError(f"the {getattr(self, 'backend', '?')} backend has no CUDA streams or events "
                              f"({type(obj).__name__} given); stream futures and wait_on need the cuda backend")
 
-    def _foreign_future(self, obj: Any, device: Any) -> Any:
-        """A future for another library's stream or event."""
+    def _foreign_work(self, obj: Any, device: Any) -> tuple:
+        """(device, lane, label, encode) for a future of another library's stream or event
+        ``obj`` (on ``device`` when given): the lane that captures its queued work, and
+        ``encode(fut, lane, waits, cleanup)``, which encodes that capture as ``_encode_join``
+        encodes a join. ``lane`` None: nothing to wait for (the future is done at once, named
+        ``label``). ValueError/TypeError for what cannot be used."""
         self._foreign_check(obj)
         raise NotImplementedError
 
@@ -251,3 +257,31 @@ class RuntimeHooks:
         nothing on the device can use them (the waiter has stopped; called without the lock,
         possibly on a background thread after ``close`` abandoned work)."""
         raise NotImplementedError
+
+
+class GraphExecHooks:
+    """A graph executable's hooks (a subclass of ``aiogpu.graph.GraphExec``): one replay, and
+    giving back what the executable holds. Under the runtime's lock."""
+
+    def home_device(self) -> Any:
+        """The device that runs (or joins) the replay."""
+        raise NotImplementedError
+
+    def _replay_work(self, patches: dict) -> tuple | None:
+        """(device, lane, encode) for one replay with ``patches`` (checked: node -> values,
+        lengths, grid, block): the core submits it as any operation, and ``encode(fut, lane,
+        waits, cleanup)`` queues the replay (with its patches) after ``waits``. ValueError
+        when the executable can no longer run. None: the replay spans several lanes and the
+        executable submits it itself (``_replay``)."""
+        return None
+
+    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> Any:
+        """Submit one replay after ``deps`` (failed inputs handled already); only where
+        ``_replay_work`` gives None (HSA: a future per lane part, joined on the device)."""
+        raise NotImplementedError
+
+    def _release(self) -> None:
+        """Give back what the executable holds (no replay is left to read it)."""
+
+    def destroy(self) -> None:
+        """Free the executable's driver objects (idempotent; the runtime calls it at close)."""

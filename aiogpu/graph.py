@@ -24,6 +24,7 @@ import numpy as np
 from . import capture as _capture
 from ._core import hazards
 from ._core import submit as _submit
+from .backend import GraphExecHooks
 from .device import MAX_GRID, MAX_WORKGROUP, Device, check_args, check_dims
 from .capture import GraphNode
 from .futures import GPUFuture
@@ -105,7 +106,7 @@ class Graph:
         return self.runtime.instantiate(self)
 
 
-class GraphExec:
+class GraphExec(GraphExecHooks):
     """An instantiated graph. ``launch()`` replays it and returns one GPUFuture.
 
     What it holds on the device (HSA: kernarg memory and host-memory locks; CUDA: the CUDA
@@ -113,9 +114,7 @@ class GraphExec:
     ``with graph.instantiate() as exe:``) or collected, and its last replay has retired: never
     while a replay may still read it. Otherwise at ``Runtime.close``.
 
-    Backends implement ``_replay(patches)`` (under the runtime lock; the patches are checked),
-    ``_release()`` (give back what the executable holds; under the lock, after its last
-    replay retired) and ``destroy()`` (free the executable; the runtime calls it at close)."""
+    A backend's executable implements the hooks of ``aiogpu/backend.py``'s ``GraphExecHooks``."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
@@ -151,9 +150,6 @@ class GraphExec:
         if self._live == 0 and self.closed and not self.runtime.closed:
             self._release()
 
-    def _release(self) -> None:
-        """Give back what the executable holds (under the lock; no replay is left to read it)."""
-
     def launch(self, args: Mapping[GraphNode, tuple] | None = None, *,
                grid: Mapping[GraphNode, Any] | None = None,
                block: Mapping[GraphNode, Any] | None = None) -> GPUFuture[None]:
@@ -171,24 +167,13 @@ class GraphExec:
                 raise ValueError("this graph executable is closed")
             reads, writes, keep = self._buffers(patches) if patches else self._unpatched_buffers()
             label = f"graph replay {self.replays} ({len(self.nodes)} nodes)"
-            fut = _submit.guarded(rt, self.home_device(), label, reads, writes, [], lambda deps: self._replay(
-                patches, deps, reads, writes, keep, label))
+            fut = _submit.guarded(rt, self.home_device(), label, reads, writes, [], lambda deps: _submit.replay(
+                rt, self, patches, deps, reads, writes, keep, label))
             self.replays += 1
             if not fut.retired:   # (a replay failed at once for a failed input ran nothing)
                 self._live += 1
                 fut._on_retired(self._replay_retired)
             return fut
-
-    def home_device(self) -> Device:
-        """The device that runs (or joins) the replay."""
-        raise NotImplementedError
-
-    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> GPUFuture:
-        """Submit one replay after ``deps`` (under the lock; failed inputs already handled)."""
-        raise NotImplementedError
-
-    def destroy(self) -> None:
-        """Free the executable's driver objects (idempotent)."""
 
     def _check_patches(self, args: Mapping, grid: Mapping, block: Mapping) -> dict:
         out: dict[GraphNode, dict] = {}

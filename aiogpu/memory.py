@@ -24,7 +24,7 @@ if not cython.compiled:
 from . import capture as _capture
 from ._core.copies import download
 from ._core.hazards import BufferState
-from ._core.submit import reap
+from ._core.submit import reap, writers_lane
 from .errors import NotOnCudaError, RuntimeClosedError
 
 if TYPE_CHECKING:
@@ -686,7 +686,12 @@ class Buffer(BufferState):
     def __cuda_array_interface__(self) -> dict:
         """CUDA Array Interface v3 with this buffer's dtype and shape (CUDA buffers only: an
         AttributeError elsewhere); its ``stream`` is the pending writer's lane."""
-        return self._interop("__cuda_array_interface__").cuda_array_interface(self)
+        device = self._interop("__cuda_array_interface__")
+        typestr = array_typestr(self.dtype)
+        rt = self.device.runtime
+        with rt.lock:
+            lane = writers_lane(self)
+        return device.cuda_array_interface(self, typestr, lane)
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
                    copy: Any = None) -> Any:
@@ -715,6 +720,14 @@ class Buffer(BufferState):
 
 
 _UINT8 = np.dtype(np.uint8)
+
+
+def array_typestr(dtype: np.dtype) -> str:
+    """The array interface type string of a numeric dtype (BufferError for bfloat16 and
+    other dtypes it cannot name: use DLPack)."""
+    if dtype.kind not in "biufc":
+        raise BufferError(f"the CUDA Array Interface has no type string for {dtype}; use DLPack")
+    return dtype.str
 
 
 def _bound(value: Any, default: int, n: int) -> int:

@@ -291,7 +291,7 @@ class Runtime(RuntimeState, RuntimeHooks):
                              "await stream_future(...) before replaying, or pass it to the replay's work")
         with self.lock:
             self._check_open()
-            return self._foreign_future(stream, device)
+            return _submit.foreign(self, stream, device)
 
     def wait_on(self, fut: GPUFuture, stream: Any, *, device: Device | None = None) -> None:
         """See ``GPUFuture.wait_on``: the rule (what can wait) here, the driver calls in the

@@ -18,7 +18,7 @@ from . import hazards
 from . import deferred
 from ..errors import GPUError
 from ..kernels import copy_kernel, fill_kernel
-from .futures import PENDING, GPUFuture, add_preds
+from .futures import PENDING, GPUFuture, add_preds, completed_future
 from .hazards import BufferState, dependencies, failed_dependency, record
 from .state import encode_kernel
 
@@ -311,6 +311,51 @@ def join(rt: Any, device: Any, live: list, deps: dict) -> GPUFuture:
     lane = rt._join_lane(device, live, deps)
     return encoded(rt, getattr(lane, "device", device), lane, f"gather of {len(deps)}", "join", deps, [], [],
                    (), (), rt._encode_join)
+
+
+def replay(rt: Any, exe: Any, patches: dict, deps: dict, reads: list, writes: list, keep: list,
+           label: str) -> GPUFuture:
+    """One replay of the graph executable ``exe`` after ``deps``, on the lane its backend names
+    (``_replay_work``), under the same rules as any operation. An executable whose replay
+    spans several lanes, one future per part (HSA's), submits its parts itself (``_replay``)."""
+    work = exe._replay_work(patches)
+    if work is None:
+        return exe._replay(patches, deps, reads, writes, keep, label)
+    device, lane, encode = work
+    return encoded(rt, device, lane, label, "graph", deps, reads, writes, [*keep, exe], (), encode)
+
+
+def foreign(rt: Any, obj: Any, device: Any) -> GPUFuture:
+    """A future for another library's stream or event ``obj``: the backend names the lane that
+    captures it and how (``_foreign_work``); done at once when there is nothing to wait for."""
+    dev, lane, label, encode = rt._foreign_work(obj, device)
+    if lane is None:
+        return completed_future(rt.hub, label)
+    return encoded(rt, dev, lane, label, "dispatch", {}, [], [], (), (), encode)
+
+
+def exported_work(f: GPUFuture) -> GPUFuture:
+    """The device work behind ``f`` (a deferred launch's submitted work), for a buffer handed
+    to another library; BufferError while it still waits for its kernel's compile (nothing is
+    on the device to wait for yet)."""
+    got = f._submitted_work()
+    if got is None:
+        raise BufferError(f"{f!r} waits for its kernel's compile: await it (or dev.load(kernel)) "
+                          f"before handing the buffer to another library")
+    return got
+
+
+def writers_lane(buf: Any) -> Any:
+    """The lane after whose queued work every pending writer of ``buf``'s bytes has finished
+    (another library's consumer waits on it; under the lock): the writers' lane when they share
+    one, else that of a join of them; None when nothing pending writes them. BufferError while
+    a writer waits for its kernel's compile (``exported_work``)."""
+    writers = [w for w in map(exported_work, hazards.touching(buf)[0]) if getattr(w, "lane", None) is not None]
+    if not writers:
+        return None
+    if len({id(w.lane) for w in writers}) == 1:
+        return writers[-1].lane
+    return join(buf.device.runtime, buf.device, writers, {w: False for w in writers}).lane
 
 
 # -- after the encode ----------------------------------------------------------------------------

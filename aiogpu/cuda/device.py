@@ -187,9 +187,9 @@ class CudaDevice(Device):
                                             lambda stream, _word, _ticket: cu.cuMemsetD32Async(ptr, word, count, stream)[0])
 
     # -- interop (Buffer.__cuda_array_interface__ / __dlpack__ delegate here) ------------------------
-    def cuda_array_interface(self, buf: Buffer) -> dict:
+    def cuda_array_interface(self, buf: Buffer, typestr: str, lane: Any) -> dict:
         from .interop import cuda_array_interface
-        return cuda_array_interface(buf)
+        return cuda_array_interface(buf, typestr, lane)
 
     def dlpack(self, buf: Buffer, **kw: Any) -> Any:
         from .interop import to_dlpack

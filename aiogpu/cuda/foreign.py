@@ -125,22 +125,21 @@ def ext_lane(device: Any) -> Any:
     return min(device.ext, key=lambda lane: len(lane.pending))
 
 
-def future(rt: Any, obj: Any, device: Any) -> Any:
-    """A future for a foreign stream or event (under the lock; the core checked the runtime)."""
+def work(rt: Any, obj: Any, device: Any) -> tuple:
+    """(device, lane, label, enqueue) of a future for a foreign stream or event (the runtime's
+    ``_foreign_work``, under the lock): ``enqueue(stream, word, ticket)`` captures its queued work
+    on ``lane``; lane None for an event never recorded (nothing to wait for)."""
     kind, handle, hint = classify(obj)
     if kind == "stream":
         dev = stream_device(rt, handle, hint, device)
-        lane = foreign_lane(dev, handle)
-        return rt.submit(dev, lane, f"stream {handle:#x}", {}, _nothing, [], [])
+        return dev, foreign_lane(dev, handle), f"stream {handle:#x}", _nothing
     if device is not None and device.runtime is not rt:
         raise ValueError(f"{device!r} belongs to another runtime")
     dev = device or rt.devices[0]
-    if handle == 0:                     # never recorded: nothing to wait for
-        from ..deferred import completed
-        return completed(rt.hub, "event (never recorded)")
+    if handle == 0:
+        return dev, None, "event (never recorded)", None
     wait = D.HOT.wait_event
-    return rt.submit(dev, ext_lane(dev), f"event {handle:#x}", {},
-                     lambda stream, _word, _ticket: wait(stream, handle), [], [])
+    return dev, ext_lane(dev), f"event {handle:#x}", lambda stream, _word, _ticket: wait(stream, handle)
 
 
 def _nothing(stream: int, word: int, ticket: int) -> int:

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -36,6 +37,7 @@ class CudaGraphExec(GraphExec):
         self._pins: list = []
         self._keep: list = []
         self._patched: set = set()    # nodes whose parameters differ from the captured ones
+        self._destroy_after = False   # destroy once the replays on its lane have retired
         self.exec = self.cugraph = self.lane = None
         try:
             self._build()             # (under the runtime lock: Runtime.instantiate)
@@ -122,35 +124,37 @@ class CudaGraphExec(GraphExec):
     def home_device(self) -> Any:
         return self.device
 
-    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> Any:
+    def _replay_work(self, patches: dict) -> tuple:
         """``cuGraphLaunch`` on the executable's own lane (replays run in launch order), with
         kernel-node patches applied just before it and undone before an unpatched replay."""
-        rt = self.runtime
         if self.exec is None:
             raise ValueError("this graph executable was destroyed")
         wanted = {node: (tuple(p["values"]), *node.op["device"].blocks(p["grid"], p["block"]))
                   for node, p in patches.items()}
+        return self.device, self.lane, functools.partial(self._encode_replay, wanted)
 
-        def enqueue(stream: int, word: int, ticket: int) -> int:
-            # Only nodes patched now or by an earlier replay can differ from their original:
-            # an unpatched replay of an unpatched executable touches no node.
-            for node in self._patched | wanted.keys():
-                want = wanted.get(node, self.original[node])
-                if self.current[node] != want:
-                    params = self._kernel_params(node.op["device"], node.op["kernel"], want)
-                    (err,) = cu.cuGraphExecKernelNodeSetParams(self.exec, self.cu_nodes[node], params)
-                    if err:
-                        return err
-                    self.current[node] = want
-                    if want == self.original[node]:
-                        self._patched.discard(node)
-                    else:
-                        self._patched.add(node)
-            if len(self._keep) > 4 * len(self.original) + 64:
-                self._keep = self._keep[-2 * len(self.original):]
-            return cu.cuGraphLaunch(self.exec, stream)[0]
+    def _encode_replay(self, wanted: dict, fut: Any, lane: Any, waits: Any, cleanup: list) -> tuple:
+        cleanup.append(self._replay_retired_on_lane)
+        return self.runtime._encode_on_lane(fut, lane, waits, cleanup, functools.partial(self._launch, wanted))
 
-        return rt.submit(self.device, self.lane, label, deps, enqueue, reads, writes, keep + [self])
+    def _launch(self, wanted: dict, stream: int, word: int, ticket: int) -> int:
+        # Only nodes patched now or by an earlier replay can differ from their original:
+        # an unpatched replay of an unpatched executable touches no node.
+        for node in self._patched | wanted.keys():
+            want = wanted.get(node, self.original[node])
+            if self.current[node] != want:
+                params = self._kernel_params(node.op["device"], node.op["kernel"], want)
+                (err,) = cu.cuGraphExecKernelNodeSetParams(self.exec, self.cu_nodes[node], params)
+                if err:
+                    return err
+                self.current[node] = want
+                if want == self.original[node]:
+                    self._patched.discard(node)
+                else:
+                    self._patched.add(node)
+        if len(self._keep) > 4 * len(self.original) + 64:
+            self._keep = self._keep[-2 * len(self.original):]
+        return cu.cuGraphLaunch(self.exec, stream)[0]
 
     def destroy(self) -> None:
         """Free the executable (the runtime does this at close)."""
@@ -185,13 +189,19 @@ class CudaGraphExec(GraphExec):
         # On the waiter thread: destroying the lane changes the hub's list of lanes it scans.
         self.runtime.hub.post_event(self._destroy_when_idle)
 
+    def _replay_retired_on_lane(self) -> None:
+        # (a replay's cleanup, under the lock) the last one to retire after a deferred destroy
+        # hands it to the waiter again.
+        if self._destroy_after and all(f.retired for f in self.lane.pending):
+            self._destroy_after = False
+            self.runtime.hub.post_event(self._destroy_when_idle)
+
     def _destroy_when_idle(self) -> None:
         with self.runtime.lock:
             if self.lane is None or self.runtime.closed:
                 return                  # (destroyed already, or the runtime's close does it)
-            live = [f for f in self.lane.pending if not f.retired]
-            if live:                    # work of its lane not retired yet: after that
-                live[-1]._on_retired(lambda: self.runtime.hub.post_event(self._destroy_when_idle))
+            if any(not f.retired for f in self.lane.pending):
+                self._destroy_after = True      # a replay not retired yet: once none is left
                 return
             self.lane.device.make_current()
             self.destroy()

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .._core import hazards
+from .._core.submit import exported_work
 from ..memory import Buffer
 from . import driver as D
 from .driver import cu
@@ -89,42 +90,10 @@ def foreign_info(rt: Any, obj: Any, what: str, write: bool) -> tuple[int, int, A
 
 
 # -- __cuda_array_interface__ ---------------------------------------------------------------------
-def _submitted(f: Any) -> Any:
-    """The device work behind ``f`` (a deferred launch's submitted work); BufferError while it
-    still waits for its kernel's compile (nothing on the device to wait for yet)."""
-    got = f._submitted_work()
-    if got is None:
-        raise BufferError(f"{f!r} waits for its kernel's compile: await it (or dev.load(kernel)) "
-                          f"before handing the buffer to another library")
-    return got
-
-
-def _writer_lane(buf: Buffer) -> Any:
-    """The lane whose stream orders a consumer after the pending writers of ``buf``'s bytes
-    (under the lock): the writer's, or a join's when several lanes wrote; None when none."""
-    writers = [w for w in map(_submitted, hazards.touching(buf)[0]) if getattr(w, "lane", None) is not None]
-    if not writers:
-        return None
-    if len({id(w.lane) for w in writers}) == 1:
-        return writers[-1].lane
-    rt = buf.device.runtime
-    from .._core import submit
-    return submit.join(rt, buf.device, writers, {w: False for w in writers}).lane
-
-
-def typestr(dtype: np.dtype) -> str:
-    """The CUDA Array Interface type string of a numeric dtype (BufferError for bfloat16)."""
-    if dtype.kind not in "biufc":
-        raise BufferError(f"the CUDA Array Interface has no type string for {dtype}; use DLPack")
-    return dtype.str
-
-
-def cuda_array_interface(buf: Buffer) -> dict:
-    buf._check_usable()
-    ts = typestr(buf.dtype)
-    with buf.device.runtime.lock:
-        lane = _writer_lane(buf)
-    return {"shape": tuple(buf.shape), "typestr": ts, "data": (buf.address, False),
+def cuda_array_interface(buf: Buffer, typestr: str, lane: Any) -> dict:
+    """CUDA Array Interface v3 of ``buf``; ``stream`` is ``lane``'s, the lane of its pending
+    writers (``_core.submit.writers_lane``), None when none."""
+    return {"shape": tuple(buf.shape), "typestr": typestr, "data": (buf.address, False),
             "strides": None, "version": 3, "stream": lane.handle if lane is not None else None}
 
 
@@ -217,7 +186,7 @@ def to_dlpack(buf: Buffer, *, stream: Any = None, max_version: Any = None, dl_de
 def _consumer_waits(buf: Buffer, consumer: int) -> None:
     """Make the consumer's stream wait, on the device, for the pending work on ``buf``'s bytes."""
     writers, readers = hazards.touching(buf)
-    pending: list[Any] = [f for f in map(_submitted, [*writers, *readers])
+    pending: list[Any] = [f for f in map(exported_work, [*writers, *readers])
                           if not f.done() and getattr(f, "lane", None) is not None]
     if not pending:
         return

@@ -23,7 +23,6 @@ from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
-from .._core import submit as _submit
 from ..errors import BackendUnavailable
 from .._core.copies import CopyOp
 from ..runtime import FIXES, Runtime
@@ -174,20 +173,13 @@ class CudaRuntime(Runtime):
             fut.nbytes = nbytes
         return ()
 
-    def submit(self, device: CudaDevice, lane: Any, label: str, deps: dict, enqueue: Any,
-               reads: list, writes: list, keep: Iterable = (), cleanup: Iterable = (), *,
-               kind: str = "dispatch") -> Any:
-        """Other work on ``lane`` through the core's submission (graph replays, other
-        libraries' streams and events): ``enqueue(stream, word, ticket)`` after ``deps``."""
-        return _submit.encoded(self, device, lane, label, kind, deps, reads, writes, keep, cleanup,
-                               functools.partial(_encode_with, self, enqueue))
-
     # -- hooks: other libraries' streams and events ---------------------------------------------
     def _foreign_check(self, obj: Any) -> None:
         foreign.classify(obj)
 
-    def _foreign_future(self, obj: Any, device: Any) -> Any:
-        return foreign.future(self, obj, device)
+    def _foreign_work(self, obj: Any, device: Any) -> tuple:
+        dev, lane, label, enqueue = foreign.work(self, obj, device)
+        return dev, lane, label, functools.partial(_encode_with, self, enqueue) if lane is not None else None
 
     def _wait_on(self, fut: Any, obj: Any, device: Any) -> None:
         foreign.wait_on(self, fut, obj, device)

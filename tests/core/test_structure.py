@@ -273,13 +273,6 @@ ALLOWED_BOOKKEEPING = {
     ("aiogpu/hsa/runtime.py", "HsaRuntime._lose", "retire_failed"): "(the same)",
     ("aiogpu/hsa/device.py", "HsaDevice._track_on", "track"):
         "a graph replay's bookkeeping for the futures its executor builds (hsa/graph.py)",
-    ("aiogpu/cuda/graphs.py", "CudaGraphExec._destroy_when_idle", "_on_retired"):
-        "a closed CUDA graph executor is destroyed once its last replay has retired",
-    ("aiogpu/cuda/runtime.py", "CudaRuntime.submit", "encoded"):
-        "foreign work (graph replays, other libraries' streams) enters the core's submission "
-        "through the backend",
-    ("aiogpu/cuda/interop.py", "_writer_lane", "join"):
-        "exporting a buffer to another library joins its writers on one lane (cold path)",
 }
 
 

@@ -71,6 +71,10 @@ class CUstream(_Handle):
     pass
 
 
+class CUevent(_Handle):
+    pass
+
+
 class CUdeviceptr(_Handle):
     pass
 
@@ -121,7 +125,7 @@ def cuStreamCreate(flags): return (CUresult.CUDA_SUCCESS, CUstream(next(_ids)))
 def cuStreamDestroy(s): return (CUresult.CUDA_SUCCESS,)
 def cuStreamSynchronize(s): return (CUresult.CUDA_SUCCESS,)
 def cuStreamQuery(s): return (CUresult.CUDA_SUCCESS,)
-def cuEventCreate(flags): return (CUresult.CUDA_SUCCESS, _Handle(next(_ids)))
+def cuEventCreate(flags): return (CUresult.CUDA_SUCCESS, CUevent(next(_ids)))
 def cuEventDestroy(e): return (CUresult.CUDA_SUCCESS,)
 def cuEventRecord(e, s): return (CUresult.CUDA_SUCCESS,)
 def cuEventQuery(e): return (CUresult.CUDA_SUCCESS,)
