@@ -23,6 +23,15 @@ none). It raises before anything is queued: a ``GPUError`` (with ``status``) whe
 refused the work (the core then returns a failed future), anything else for bad input (the
 core re-raises it). The core then records hazards, dependents and keys, and watches the future.
 
+Failure reports: work a backend finds failed outside an encode (a queue the driver reports
+broken, a device lost to a memory fault, packets that could not be published later) is
+reported, not settled, by the backend: a list of ``(future, exception, runs)``, in order, which
+``runs`` false marks as work that will never run (its queue or device is gone). A hook the core
+calls for it returns that list (``on_timeout``); anything else hands it to the waiter as an
+event that returns it (``post_event(fn)``, where ``fn()`` returns the report). The core fails
+each future not done yet (and its dependents), and retires those that never run once the work
+they were ordered after has (``FutureHub.settle_failed``).
+
 Lock rule: every hook is called with the runtime's lock held (``rt.lock``, an
 ``InterruptSafeLock``) unless its contract says otherwise.
 

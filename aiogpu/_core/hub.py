@@ -64,9 +64,9 @@ class Hub(AwaitHub):
         self._given_up: "weakref.WeakSet[GPUFuture]" = weakref.WeakSet()   # not timed out again
         self._ready_since: dict[GPUFuture, float] = {}   # when the watchdog saw it could run
         self.owner: Any = None
-        # Called under the lock for a future the watchdog gave up on; returns True if the
-        # backend failed and retired it itself (e.g. by aborting its queue).
-        self.on_timeout: Callable[[GPUFuture, BaseException], bool] | None = None
+        # Called under the lock for a future the watchdog gave up on: the failure report of
+        # what the backend aborted for it (its queue), or None when it could abort nothing.
+        self.on_timeout: Callable[[GPUFuture, BaseException], list | None] | None = None
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -189,6 +189,20 @@ class Hub(AwaitHub):
         self._finish(fut, exc, posts)
         self._post(posts)
 
+    def settle_failed(self, failed: Iterable[tuple]) -> None:
+        """Settle the work a backend reports failed (``aiogpu/backend.py``: a failure report,
+        ``(future, exception, runs)`` in order; under the lock): each future not done yet fails
+        with its exception, and what depends on it with it; then each one whose work will
+        never run (``runs`` false: its queue or device is gone) retires once the work it was
+        ordered after has (``retire_failed``). One that ``runs`` stays watched until its work
+        has finished. A future named twice takes the first exception."""
+        failed = list(failed)
+        for fut, exc, _runs in failed:
+            self.fail(fut, exc)
+        for fut, _exc, runs in failed:
+            if not runs:
+                self.retire_failed(fut)
+
     def retire_failed(self, fut: GPUFuture) -> None:
         """A failed future whose work can no longer run (its queue is destroyed): mark its
         completion object complete, so that work waiting on it elsewhere proceeds rather than
@@ -277,7 +291,10 @@ class Hub(AwaitHub):
         may be a real Ctrl-C: it must not be lost); None otherwise (inside a section, raising
         would leave its work half done)."""
         try:
-            fn()
+            failed = fn()
+            if failed:        # a backend's event found work failed: it is settled here
+                with self.lock:
+                    self.settle_failed(failed)
         except BaseException as exc:  # noqa: BLE001 - see the docstring
             if callback is None:
                 log.error("waiter event %r failed", fn, exc_info=exc)

@@ -44,8 +44,10 @@ def check(hub: Any, posts: dict) -> None:
                               f"{hub.watchdog_s:g} s (lost or stalled completion)",
                               queue=fut.queue, packet=fut.packet)
         exc.__cause__ = fut._exc
-        if hub.on_timeout is not None and hub.on_timeout(fut, exc):
-            continue             # the backend aborted its queue: everything on it retired
+        failed = hub.on_timeout(fut, exc) if hub.on_timeout is not None else None
+        if failed is not None:   # the backend aborted its queue: what it held fails, retires
+            hub.settle_failed(failed)
+            continue
         hub._given_up.add(fut)
         if fut._state == PENDING:
             # Work that cannot be aborted (a copy on an engine) may still run: fail it for

@@ -87,8 +87,8 @@ class Lane:
     (``HotPath.launch``/``memcpy`` with ``word``: one C call on the C hot path), or 0 where
     the submission writes the word itself or records an event: the lane has no word (events),
     or the runtime records an event per operation (``event_waits``), which goes between the
-    work and the word. ``CudaRuntime.submit`` applies it, to operations that are one launch or
-    copy call (``fusable``); the rest get the separate write."""
+    work and the word. ``CudaRuntime._encode_on_lane`` applies it, to operations that are one
+    launch or copy call (``fusable``); the rest get the separate write."""
 
     __slots__ = ("name", "device", "stream", "ticket", "armed", "wanted", "pending", "kind", "word", "dptr",
                  "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq")

@@ -71,7 +71,9 @@ class HsaDevice(Device):
         """Load ``kernel`` (under the runtime lock). A memory fault reported on this device but
         not handled yet loses it first: ``hsa_executable_freeze`` copies the code through
         queues KFD has evicted, and would never return. Raises DeviceLost on a lost device."""
-        self.runtime._handle_reported_faults()
+        failed = self.runtime._handle_reported_faults()
+        if failed:     # (its work fails on the waiter, which settles the report)
+            self.runtime.hub.post_event(lambda: failed)
         if self.broken is not None:
             raise broken_error(f"loading {kernel.name} on {self.name}", self.broken)
         return load_kernel(self._api, self.agent, kernel, self.isa)
@@ -121,10 +123,11 @@ class HsaDevice(Device):
     def _encode_group(self, fut: GPUFuture, queue: AqlQueue, packets: list, cleanup: list,
                       kernarg: bytes = b"", kernarg_align: int = 16) -> None:
         """Hand ``fut``'s packets to ``queue`` (published now, or back-logged until the ring has
-        room); the queue forgets them once ``fut`` has retired."""
+        room); the queue forgets them once ``fut`` has retired. GPUError when they cannot be
+        written (``AqlQueue.submit``'s ``refuse``)."""
         cleanup.append(functools.partial(queue.retired, fut))
         queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg,
-                                 kernarg_align=kernarg_align))
+                                 kernarg_align=kernarg_align), refuse=True)
 
     def _track_on(self, fut: GPUFuture, queue: AqlQueue, reads: list, writes: list, deps: list,
                   keep: Any = ()) -> None:

@@ -141,6 +141,8 @@ class AqlQueue:
         self.published = 0
         self.lost: GPUError | None = None   # the device is lost: no HSA queue, nothing accepted
         self._draining = False         # drain() is running (a failed group may retire inside it)
+        self._unsent: list[tuple] = []     # the failure report of groups that could not be published
+        self._kernargs: dict[GPUFuture, list] = {}   # a group's kernarg entries, until it retires
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
 
@@ -174,14 +176,18 @@ class AqlQueue:
             self._q = None
 
     # -- submission ----------------------------------------------------------------------------
-    def submit(self, group: PacketGroup) -> None:
+    def submit(self, group: PacketGroup, *, refuse: bool = False) -> None:
         """Publish ``group`` now if the ring has room and nothing waits before it, else park it
-        in the back-log. Never blocks and never raises: a group longer than the ring goes in
-        parts that each fit it, and a group that cannot be written fails its futures with a
-        GPUError. Call under the runtime lock."""
+        in the back-log. Never blocks: a group longer than the ring goes in parts that each
+        fit it, and a group that cannot be written has its futures reported failed (a failure
+        report, settled by the waiter). With ``refuse`` (an operation being encoded), a group
+        of one part that cannot be written raises that GPUError instead: nothing of it runs,
+        and the core fails the operation. Call under the runtime lock."""
         group.future.queue = self.name
-        for part in self._parts(group):
-            if self.backlog or not self._publish(part):
+        parts = self._parts(group)
+        refuse = refuse and len(parts) == 1
+        for part in parts:
+            if self.backlog or not self._publish(part, refuse):
                 self.backlog.append(part)
         self._wait_for_room()
 
@@ -204,9 +210,10 @@ class AqlQueue:
         if self.backlog and self.inflight:
             self.hub.arm(next(iter(self.inflight)))
 
-    def _publish(self, group: PacketGroup) -> bool:
+    def _publish(self, group: PacketGroup, refuse: bool = False) -> bool:
         """``_try_publish``, except that a group that cannot be written (an unexpected error;
-        the waiter thread may be the caller) fails its futures: True when it is done with."""
+        the waiter thread may be the caller) is reported failed, or with ``refuse`` raises
+        the GPUError: True when it is done with."""
         if self.lost is not None:      # the device is lost: nothing of it runs any more
             err: GPUError = DeviceLost(f"{group.future.label}: {self.lost}", status=self.lost.status,
                                        queue=self.name)
@@ -218,10 +225,20 @@ class AqlQueue:
                 err = GPUError(f"{group.future.label}: could not be queued on {self.name}: {exc}",
                                queue=self.name)
                 err.__cause__ = exc
-        for fut in [group.future, *(f for f, _ in group.marks)]:
-            self.hub.fail(fut, err)
-            self.hub.retire_failed(fut)   # none of its packets runs (no-ops at most)
+        if refuse:
+            raise err
+        # None of its packets runs (no-ops at most): reported to the core through the waiter
+        # (the caller may be an encode, or the waiter retiring what made room).
+        if not self._unsent:
+            self.hub.post_event(self._report_unsent)
+        self._unsent += [(fut, err, False) for fut in [group.future, *(f for f, _ in group.marks)]]
         return True
+
+    def _report_unsent(self) -> list:
+        """The failure report of the groups ``_publish`` could not publish (a waiter event)."""
+        with self.hub.lock:
+            failed, self._unsent = self._unsent, []
+        return failed
 
     def _parts(self, group: PacketGroup) -> list[PacketGroup]:
         """``group`` as parts that each fit the ring, in order. Each part but the last ends with
@@ -295,9 +312,8 @@ class AqlQueue:
         return True
 
     def _place_kernargs(self, group: PacketGroup) -> bool:
-        """Copy kernel arguments into the ring (all or none); freed when the group retires,
-        before anything else its retirement does: that includes draining the back-log, whose
-        next group may be waiting for exactly this room."""
+        """Copy kernel arguments into the ring (all or none); freed when the group retires
+        (``retired``), before the back-log drains."""
         placed = []
         try:
             for index, data in group.kernargs.items():
@@ -309,8 +325,7 @@ class AqlQueue:
                 ctypes.memmove(address, data, len(data))
                 struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
             else:
-                entries, placed = placed, []
-                group.future._cleanup = [lambda: [self.kernarg.free(e) for e in entries], *group.future._cleanup]
+                self._kernargs[group.future], placed = placed, []
                 return True
             return False
         finally:
@@ -339,8 +354,12 @@ class AqlQueue:
             atomics.store_u32_release(self._slot(first + i), noop_header())
 
     def retired(self, fut: GPUFuture) -> None:
-        """``fut``'s packets retired (under lock): forget them and publish what now fits."""
+        """``fut``'s packets retired, or were never queued (under lock): forget them, free
+        their kernel arguments, and publish what now fits (which may be waiting for exactly
+        that room)."""
         self.inflight.pop(fut, None)
+        for entry in self._kernargs.pop(fut, ()):
+            self.kernarg.free(entry)
         self.drain()
 
     # -- errors --------------------------------------------------------------------------------
@@ -349,21 +368,23 @@ class AqlQueue:
         generation = self.generation
         self.hub.post_event(lambda: self._on_error(status, generation))
 
-    def _on_error(self, status: int, generation: int) -> None:
+    def _on_error(self, status: int, generation: int) -> list | None:
+        """The waiter's event for a queue error: the abort's failure report."""
         with self.hub.lock:
             if generation != self.generation or self._q is None:
-                return
+                return None
             err = GPUError(f"queue {self.name} failed: {T.status_name(status)}", status=status, queue=self.name)
             # HSA's callback carries a status only; the emulator can say what happened.
             emulator = self.api.emulator
             if emulator is not None:
                 err.__cause__ = emulator.queue_error_cause(self.id)
-            self.abort(err, None)
+            return self.abort(err, None)
 
-    def abort(self, err: GPUError, failed_at: int | None = None, *, lost: GPUError | None = None) -> None:
-        """Destroy the HSA queue, settle every operation on it and replace it (under lock);
-        with ``lost`` (the device is lost: a new queue would never run) it is not replaced, and
-        every group submitted later fails at once with ``lost``.
+    def abort(self, err: GPUError, failed_at: int | None = None, *, lost: GPUError | None = None) -> list:
+        """Destroy the HSA queue and replace it (under lock); the failure report of every
+        operation it held (``aiogpu/backend.py``), for the core to settle. With ``lost`` (the
+        device is lost: a new queue would never run) it is not replaced, and every group
+        submitted later fails with ``lost``.
 
         An operation whose completion signal already reads complete completed before the error
         and completes normally. Of the others, one is blamed with ``err``'s status: the one whose
@@ -371,8 +392,9 @@ class AqlQueue:
         oldest one not complete. The read index is not used: it advances as packets launch, so
         several later packets may be past it when one fails. The rest fail with an error saying
         the queue failed before they completed (or before they were submitted). Once the queue is
-        destroyed none of its packets can run, so everything they held is freed. Work submitted
-        to this queue while the abort runs (by a done-callback it calls) runs on the new queue.
+        destroyed none of its packets can run, so everything they held is freed once the core
+        has retired them. Work submitted to this queue while the abort runs (by a done-callback
+        of work that completed before the error) runs on the new queue.
         """
         self.broken = True
         victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
@@ -387,35 +409,34 @@ class AqlQueue:
         blamed = self._blame(pending, failed_at)
         why = T.status_name(err.status) if err.status is not None else type(err).__name__
         kind = DeviceLost if lost is not None else GPUError
+        failed = []
         for fut, (first, last) in pending:
             if blamed is not None and fut is blamed[0]:
-                self.hub.fail(fut, err if failed_at is not None else _caused_by(err.__cause__ or err, GPUError(
+                exc = err if failed_at is not None else _caused_by(err.__cause__ or err, GPUError(
                     f"{fut.label}: queue {self.name} failed at packet {last}: {why}", status=err.status,
-                    queue=self.name, packet=last)))
+                    queue=self.name, packet=last))
             elif blamed is not None:
-                self.hub.fail(fut, _caused_by(err, GPUError(
+                exc = _caused_by(err, GPUError(
                     f"{fut.label}: queue {self.name} failed at packet {blamed[1][1]} ({why}) before it "
-                    f"completed", status=err.status, queue=self.name, packet=last)))
+                    f"completed", status=err.status, queue=self.name, packet=last))
             else:
-                self.hub.fail(fut, _caused_by(err.__cause__ or err, kind(
-                    f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last)))
+                exc = _caused_by(err.__cause__ or err, kind(
+                    f"{fut.label}: {err}", status=err.status, queue=self.name, packet=last))
+            failed.append((fut, exc, False))
         # A parked group's marks (graph nodes whose completions other lanes, engines and
         # devices wait for) fail with it: none of its packets will be published.
-        unsent = [f for g in parked for f in (g.future, *(m for m, _ in g.marks))]
-        for fut in unsent:
-            self.hub.fail(fut, _caused_by(err, kind(
+        for fut in [f for g in parked for f in (g.future, *(m for m, _ in g.marks))]:
+            failed.append((fut, _caused_by(err, kind(
                 f"{fut.label}: queue {self.name} failed ({why}) before it was submitted",
-                status=err.status, queue=self.name)))
-        for fut in [f for f, _ in pending] + unsent:
-            self.hub.retire_failed(fut)
+                status=err.status, queue=self.name)), False))
         if lost is not None:
             self.lost = lost
-            return
+            return failed
         self._create()
-        # Work submitted meanwhile (a done-callback without a loop runs inside ``fail`` above, on
-        # this thread) was parked while the queue was broken; no retirement on the new queue
-        # would drain it.
+        # Work submitted meanwhile (by a done-callback of work settled as completed above) was
+        # parked while the queue was broken; no retirement on the new queue would drain it.
         self.drain()
+        return failed
 
     @staticmethod
     def _blame(pending: list, failed_at: int | None) -> tuple | None:

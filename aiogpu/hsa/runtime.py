@@ -112,7 +112,7 @@ class HsaRuntime(Runtime):
         for index, lost in SYSTEM_EVENTS.lost(self).items():   # earlier in this process
             if index < len(self.devices):
                 with self.lock:
-                    self._lose(self.devices[index], lost)
+                    assert not self._lose(self.devices[index], lost)   # (nothing runs there yet)
 
     def _abandon(self) -> None:
         """A construction that failed part-way: stop the waiter and free what exists."""
@@ -286,7 +286,7 @@ class HsaRuntime(Runtime):
             self.hub.post_event(self._handle_reported_faults)
         return T.HSA_STATUS_SUCCESS
 
-    def _handle_reported_faults(self) -> None:
+    def _handle_reported_faults(self) -> list:
         """Handle the memory faults ROCr has reported and nobody has handled yet (each once):
         the waiter thread does, and so does anything that is about to ask ROCr for what a lost
         device never finishes (loading code: ``HsaDevice._load``), so that it finds the device
@@ -294,13 +294,16 @@ class HsaRuntime(Runtime):
         delivered yet cannot be known here.)"""
         # Taken off under the lock: a report the waiter has taken is handled before any loader
         # that holds the lock can look (the waiter waits for the lock first).
+        failed: list = []
         with self.lock:
             arrived = self._faults_arrived
             while arrived:
-                self._on_memory_fault(*arrived.popleft())
+                failed += self._on_memory_fault(*arrived.popleft())
+        return failed
 
-    def _on_memory_fault(self, agent: int, address: int, reason: int) -> None:
-        """A GPU memory fault on ``agent`` (waiter thread): the device is lost.
+    def _on_memory_fault(self, agent: int, address: int, reason: int) -> list:
+        """A GPU memory fault on ``agent`` (waiter thread): the device is lost; the failure
+        report of its work.
 
         ROCr reports the fault only through this system event, never through a queue callback
         (Runtime::VMFaultHandler), and KFD has evicted every queue of the process on that device,
@@ -317,7 +320,7 @@ class HsaRuntime(Runtime):
             self.memory_faults.append({"agent": agent, "address": address, "reason": reason})
             dev = next((d for d in self.devices if d.agent.handle == agent), None)
             if dev is None or isinstance(dev.broken, DeviceLost):
-                return
+                return []
             status = T.HSA_STATUS_ERROR_MEMORY_FAULT
             # The emulator can say what faulted (a kernel body's access); ROCr gives the address.
             cause = self.api.emulator.memory_fault_cause(address) if self.api.emulator else None
@@ -326,51 +329,52 @@ class HsaRuntime(Runtime):
                               f"only a new process recovers it", status=status)
             lost.__cause__ = cause
             SYSTEM_EVENTS.lose(self, dev.index, lost)
-            self._lose(dev, lost, address)
+            return self._lose(dev, lost, address)
 
-    def _lose(self, dev: HsaDevice, lost: DeviceLost, address: int | None = None) -> None:
-        """Mark ``dev`` lost with ``lost`` and fail everything pending on it (under the lock)."""
+    def _lose(self, dev: HsaDevice, lost: DeviceLost, address: int | None = None) -> list:
+        """Mark ``dev`` lost with ``lost`` (under the lock): the failure report of everything
+        pending on it. What touched ``address`` (the fault's) is named as its cause."""
         status = lost.status
         dev.broken = lost
         dev.engines.lose()
         mine = [f for f in self.hub.pending_futures() if f.device is dev and f.signal]
         self.hub.settle_completed(mine)
+        mine = [f for f in mine if not f.retired]
         host_address = self.host.to_host(address) if address is not None else None   # a locked array's agent address
+        failed = []
         for fut in mine:
             if not fut.done() and address is not None and any(
                     _touches(k, address) or host_address is not None and _touches(k, host_address) for k in fut.keep):
                 err = DeviceLost(f"{fut.label}: GPU memory fault at 0x{address:x}; {lost}",
                                  status=status, queue=fut.queue, packet=fut.packet)
                 err.__cause__ = lost.__cause__
-                self.hub.fail(fut, err)
+                failed.append((fut, err, True))     # (its queue's abort below retires it)
         for fut in mine:
-            if not fut.retired and dev.engines.runs(fut.queue):
+            if dev.engines.runs(fut.queue):
                 err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
                 err.__cause__ = lost
-                self.hub.fail(fut, err)
-                self.hub.retire_failed(fut)
+                failed.append((fut, err, False))
         for queue in dev.queues:
-            queue.abort(lost, -1, lost=lost)
+            failed += queue.abort(lost, -1, lost=lost)
+        named = {f for f, _, runs in failed if not runs}
         for fut in mine:        # anything else of the device (a join, a part future)
-            if not fut.done():
+            if fut not in named:
                 err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
                 err.__cause__ = lost
-                self.hub.fail(fut, err)
-                self.hub.retire_failed(fut)
+                failed.append((fut, err, False))
+        return failed
 
-    def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> bool:
+    def _on_timeout(self, fut: GPUFuture, exc: GPUError) -> list | None:
         """A lost or stalled completion on a compute queue: abort that queue, so that what its
-        packets held is freed and the device stays usable. Copies are left to the hub, which
-        quarantines them (an engine cannot be aborted)."""
+        packets held is freed and the device stays usable (the abort's failure report). Copies
+        are left to the hub, which quarantines them (an engine cannot be aborted): None."""
         for dev in self.devices:
             for queue in dev.queues:
                 if fut in queue.inflight:
-                    queue.abort(exc, queue.inflight[fut][1])
-                    return True
+                    return queue.abort(exc, queue.inflight[fut][1])
                 if any(group.future is fut for group in queue.backlog):
-                    queue.abort(exc, -1)    # stuck behind a silent packet: the queue is wedged
-                    return True
-        return False
+                    return queue.abort(exc, -1)    # stuck behind a silent packet: the queue is wedged
+        return None
 
     # -- stats, description, shutdown ------------------------------------------------------------
     def _backend_stats(self) -> dict:

@@ -262,15 +262,6 @@ ALLOWED_BOOKKEEPING = {
         "(a failed part fails the whole group)",
     ("aiogpu/hsa/queues.py", "AqlQueue._wait_for_room", "arm"):
         "a full ring waits on the host for its oldest work, so the waiter must wake for it",
-    ("aiogpu/hsa/queues.py", "AqlQueue._publish", "fail"):
-        "a queue found dead at publication fails the group: its packets never run",
-    ("aiogpu/hsa/queues.py", "AqlQueue._publish", "retire_failed"): "(the same)",
-    ("aiogpu/hsa/queues.py", "AqlQueue.abort", "fail"):
-        "an aborted queue fails the work it held (the error names the packet)",
-    ("aiogpu/hsa/queues.py", "AqlQueue.abort", "retire_failed"): "(the same)",
-    ("aiogpu/hsa/runtime.py", "HsaRuntime._lose", "fail"):
-        "a lost device fails its work with the fault's address (the emulator's memory-fault report)",
-    ("aiogpu/hsa/runtime.py", "HsaRuntime._lose", "retire_failed"): "(the same)",
     ("aiogpu/hsa/device.py", "HsaDevice._track_on", "track"):
         "a graph replay's bookkeeping for the futures its executor builds (hsa/graph.py)",
 }

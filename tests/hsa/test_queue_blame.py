@@ -35,7 +35,7 @@ def test_nodes_inside_one_submission_fail_at_their_own_packets_with_the_queues_s
     exe = g.instantiate()
     groups = []
     real_submit = queues.AqlQueue.submit
-    monkeypatch.setattr(queues.AqlQueue, "submit", lambda self, group: groups.append(group) or real_submit(self, group))
+    monkeypatch.setattr(queues.AqlQueue, "submit", lambda self, group, **kw: groups.append(group) or real_submit(self, group, **kw))
     gate = Gate()            # on the other GPU: destroying the queue waits for nothing
     d0.launch(add_const_n, grid=(N,), block=(N,), args=(x, 0, N), after=[gate.launch(d1)])
     replay = exe.launch()            # after that launch (it writes x), so after the gate
@@ -44,7 +44,8 @@ def test_nodes_inside_one_submission_fail_at_their_own_packets_with_the_queues_s
     queue = next(q for q in d0.queues if q.name == lane.future.queue)
     first = lane.future.packet - (len(lane) - 1)
     with rt.lock:      # what the queue's error callback does (nothing of the replay has run)
-        queue.abort(aiogpu.GPUError(f"queue {queue.name} failed: for the test", status=STATUS, queue=queue.name))
+        rt.hub.settle_failed(queue.abort(aiogpu.GPUError(f"queue {queue.name} failed: for the test",
+                                                         status=STATUS, queue=queue.name)))
     gate.open()
     assert replay.wait(20) and isinstance(replay.exception(), aiogpu.GPUError)
     for fut, i in lane.marks:

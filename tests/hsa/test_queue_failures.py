@@ -54,7 +54,7 @@ def test_abort_fails_pending_work_naming_queue_and_packet(make_runtime):
     gate, first, second, _ = _pending_behind_a_gate(rt)
     queue = rt.devices[0].queues[0]
     with rt.lock:
-        queue.abort(aiogpu.GPUError("evicted for the test", status=41), -1)
+        rt.hub.settle_failed(queue.abort(aiogpu.GPUError("evicted for the test", status=41), -1))
     gate.open()
     for fut in (first, second):
         assert fut.wait(20)
