@@ -280,13 +280,24 @@ class GraphExecHooks:
         """(device, lane, encode) for one replay with ``patches`` (checked: node -> values,
         lengths, grid, block): the core submits it as any operation, and ``encode(fut, lane,
         waits, cleanup)`` queues the replay (with its patches) after ``waits``. ValueError
-        when the executable can no longer run. None: the replay spans several lanes and the
-        executable submits it itself (``_replay``)."""
+        when the executable can no longer run. None: the replay spans several lanes
+        (``_replay_parts``)."""
         return None
 
-    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> Any:
-        """Submit one replay after ``deps`` (failed inputs handled already); only where
-        ``_replay_work`` gives None (HSA: a future per lane part, joined on the device)."""
+    def _replay_parts(self, patches: dict, deps: dict) -> tuple:
+        """(home device, parts, plan) of a replay that spans several lanes: a list of
+        ``aiogpu._core.submit.Part`` (each becomes a future: a node others wait for, a lane's
+        share, an engine copy) and the backend's own ``plan`` for ``_encode_parts``. It may
+        add work the replay must follow to ``deps`` (not semantic). Raises before anything is
+        queued (nothing is made yet)."""
+        raise NotImplementedError
+
+    def _encode_parts(self, plan: Any, fut: Any, parts: list, waits: Sequence) -> tuple[list, list]:
+        """Queue the replay: each of ``parts`` (their futures, in ``_replay_parts``'s order)
+        after the parts it depends on and, where it says so, ``waits`` (the replay's live
+        dependencies), then a completion of ``fut`` after the joined parts. Returns (each
+        part's cleanup list, ``fut``'s): what runs once each has retired. Never raises: work
+        that cannot be queued goes in a failure report."""
         raise NotImplementedError
 
     def _release(self) -> None:

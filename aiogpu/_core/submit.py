@@ -316,13 +316,69 @@ def join(rt: Any, device: Any, live: list, deps: dict) -> GPUFuture:
 def replay(rt: Any, exe: Any, patches: dict, deps: dict, reads: list, writes: list, keep: list,
            label: str) -> GPUFuture:
     """One replay of the graph executable ``exe`` after ``deps``, on the lane its backend names
-    (``_replay_work``), under the same rules as any operation. An executable whose replay
-    spans several lanes, one future per part (HSA's), submits its parts itself (``_replay``)."""
+    (``_replay_work``), under the same rules as any operation; or, for an executable whose
+    replay spans several lanes (HSA's), in parts (``_replay_in_parts``)."""
     work = exe._replay_work(patches)
     if work is None:
-        return exe._replay(patches, deps, reads, writes, keep, label)
+        return _replay_in_parts(rt, exe, patches, deps, reads, writes, keep, label)
     device, lane, encode = work
     return encoded(rt, device, lane, label, "graph", deps, reads, writes, [*keep, exe], (), encode)
+
+
+class Part:
+    """One part of an operation that runs on several lanes (a graph replay's node, lane or
+    engine copy: ``GraphExecHooks._replay_parts``), for which the core makes a future.
+
+    ``depends``: (index of an earlier part, semantic) pairs: the part names their completion,
+    and fails when a semantic one fails; ``preds``: indices of parts it is ordered after (it
+    retires after them); ``after_head``: it is ordered after the operation's own dependencies
+    too, and ``on_head`` names their completion (failing with the semantic ones); ``joined``:
+    the operation completes only after it, and fails with it."""
+
+    __slots__ = ("label", "device", "kind", "depends", "preds", "after_head", "on_head", "joined")
+
+    def __init__(self, label: str, device: Any, kind: str, *, depends: Sequence[tuple[int, bool]] = (),
+                 preds: Sequence[int] = (), after_head: bool = False, on_head: bool = False,
+                 joined: bool = False) -> None:
+        self.label, self.device, self.kind = label, device, kind
+        self.depends, self.preds, self.joined = depends, preds, joined
+        self.after_head, self.on_head = after_head, on_head
+
+
+def _replay_in_parts(rt: Any, exe: Any, patches: dict, deps: dict, reads: list, writes: list, keep: list,
+                     label: str) -> GPUFuture:
+    """A replay whose work spans several lanes: a future per part the executable names
+    (``_replay_parts``, which raises before any future exists), the replay's future joined
+    after the parts that say so, then the executable's encode of all of them
+    (``_encode_parts``), then each one's bookkeeping as for any operation."""
+    hub = rt.hub
+    device, parts, plan = exe._replay_parts(patches, deps)
+    head = live(deps)
+    futs = []
+    for part in parts:
+        fut = hub.watch(hub.new_future(part.label))
+        fut.device, fut.kind = part.device, part.kind
+        futs.append(fut)
+    # The replay depends on each part before any part is encoded: one that fails at once
+    # must fail the replay, whose completion names its signal.
+    whole = hub.watch(hub.new_future(label))
+    whole.device, whole.kind = device, "graph"
+    for part, fut in zip(parts, futs):
+        for i, semantic in part.depends:
+            hub.depend(fut, futs[i], semantic=semantic)
+        if part.on_head:
+            for d in head:
+                hub.depend(fut, d, semantic=deps[d])
+        if part.joined:
+            hub.depend(whole, fut)
+    cleanups, cleanup = exe._encode_parts(plan, whole, futs, head)
+    for part, fut, done in zip(parts, futs, cleanups):
+        track(rt, fut, _EMPTY, _EMPTY, [*(head if part.after_head else _EMPTY), *(futs[i] for i in part.preds)],
+              _EMPTY, done)
+    # The replay's own future may retire (fail with its queue) before its parts stop running:
+    # they are its predecessors, so later writers of its memory then wait for them.
+    track(rt, whole, reads, writes, [*head, *futs], [*keep, exe], cleanup)
+    return whole
 
 
 def foreign(rt: Any, obj: Any, device: Any) -> GPUFuture:

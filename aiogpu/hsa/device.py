@@ -129,13 +129,6 @@ class HsaDevice(Device):
         queue.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], fut, kernarg,
                                  kernarg_align=kernarg_align), refuse=True)
 
-    def _track_on(self, fut: GPUFuture, queue: AqlQueue, reads: list, writes: list, deps: list,
-                  keep: Any = ()) -> None:
-        """A graph replay's bookkeeping for ``fut`` on ``queue`` (its executor builds its own
-        futures: see hsa/graph.py), plus the queue's own when it retires."""
-        from .._core.submit import track
-        track(self.runtime, fut, reads, writes, deps, keep, [functools.partial(queue.retired, fut)])
-
     def _wait_packets(self, queue: AqlQueue, waits: Sequence) -> tuple[list, bool, list[int]]:
         """Barrier-AND packets for the ``waits`` on other queues/engines/devices, whether the
         first packet needs the barrier bit (a dependency whose packets are earlier in this very

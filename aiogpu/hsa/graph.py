@@ -10,6 +10,7 @@ may still read.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 import logging
 import struct
@@ -21,7 +22,8 @@ import numpy as np
 
 from ..device import check_args
 from ..errors import GPUError
-from ..futures import GPUFuture, add_preds
+from .._core.submit import Part
+from ..futures import GPUFuture
 from ..graph import Graph, GraphExec, GraphNode
 from ..hsa_bindings import packets as P
 from ..kernels import copy_kernel
@@ -223,41 +225,69 @@ class HsaGraphExec(GraphExec):
     def home_device(self) -> Device:
         return next(iter(self.lanes.values())).device if self.lanes else self.runtime.devices[0]
 
-    def _replay(self, patches: dict, deps: dict, reads: list, writes: list, keep: list, label: str) -> GPUFuture:
-        hub = self.runtime.hub
-        # Everything that can fail comes before any future exists (nothing to leak or undo).
+    def _replay_parts(self, patches: dict, deps: dict) -> tuple:
+        """(home device, parts, plan) of one replay (``GraphExecHooks``): a part per signaled
+        node (one a lane or an engine waits for: its packet's completion, or the engine copy),
+        then one per lane (its packets, ending in a barrier whose signal says the lane is done).
+        Engine copies and lanes are joined into the replay. Replays run in launch order: the
+        previous one joins ``deps``. Packing the patched arguments comes first: whatever can
+        fail does before any future exists."""
         packed = {node: pack_args(node.op["device"]._loaded_kernel(node.op["kernel"]), p["values"], p["lengths"],
                                   p["grid"], p["block"])
                   for node, p in patches.items()}
         if self._last is not None and not self._last.retired:
-            deps.setdefault(self._last, False)       # replays run in launch order
-        head = [d for d in deps if not d.retired]
-        node_futs = {n: hub.watch(hub.new_future(f"{n.label} (replay {self.replays})")) for n in self.signaled}
-        # The replay depends on each part before that part is submitted: a part that fails at
-        # submission (its device is lost) fails and retires at once, and must fail the replay,
-        # whose barrier names its signal, rather than leave it waiting on a recycled signal.
-        replay = hub.watch(hub.new_future(label))
-        replay.kind = "graph"
-        first_dev = self.home_device()
-        replay.device = first_dev
+            deps.setdefault(self._last, False)
+        nodes = list(self.signaled)
+        index = {node: i for i, node in enumerate(nodes)}
         parts = []
-        for lane in self.lanes.values():
-            parts.append(self._submit_lane(lane, node_futs, head, deps, patches, packed, replay))
-        for node, engine in self.engine_of.items():
-            parts.append(self._submit_sdma(node, engine, node_futs, head, deps, replay))
-        self.runtime.shader_copies += self._shader_copies
-        packets = barrier_and_packets([p.signal for p in parts], replay.signal)
-        # The replay's own future may retire (fail with its queue) before its parts stop running:
-        # they are its predecessors, so later writers of its memory then wait for them.
-        first_dev._track_on(replay, first_dev.queues[0], reads, writes,
-                           head + parts + list(node_futs.values()), keep + [self])
-        first_dev.queues[0].submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], replay))
-        self._last = replay
-        return replay
+        lane_waits = {name: [index[dep] for _, _, dep in lane.waits] for name, lane in self.lanes.items()}
+        lane_of_mark = {node: name for name, lane in self.lanes.items() for _, node in lane.completions}
+        for node in nodes:
+            label = f"{node.label} (replay {self.replays})"
+            if node in self.engine_of:
+                parts.append(Part(label, self.copy_device(node), "copy", joined=True, after_head=True, on_head=True,
+                                  depends=[(index[d], semantic) for d, semantic in node.deps.items()],
+                                  preds=[index[d] for d in node.deps]))
+            else:       # a node is ordered after its lane's waits
+                name = lane_of_mark[node]
+                parts.append(Part(label, self.lanes[name].device, "dispatch", after_head=True,
+                                  preds=lane_waits[name]))
+        for name, lane in self.lanes.items():
+            waits = lane_waits[name]
+            parts.append(Part(f"graph lane {name} (replay {self.replays})", lane.device, "graph", joined=True,
+                              after_head=True, on_head=True, depends=[(i, True) for i in waits], preds=waits))
+        return self.home_device(), parts, (nodes, patches, packed)
 
-    def _submit_lane(self, lane: _Lane, node_futs: dict, head: list, deps: dict, patches: dict,
-                     packed: dict, replay: GPUFuture) -> GPUFuture:
-        hub = self.runtime.hub
+    def _encode_parts(self, plan: tuple, replay: GPUFuture, futs: list, head: list) -> tuple[list, list]:
+        """Queue a replay's parts (``futs``, as ``_replay_parts`` named them) and its join on
+        the home device's first queue, completing ``replay``; (each part's cleanup, the
+        replay's)."""
+        nodes, patches, packed = plan
+        node_futs = dict(zip(nodes, futs))
+        cleanups = [[] for _ in futs]
+        for i, node in enumerate(nodes):
+            if node not in self.engine_of:    # (marks retire with their lane)
+                queue = self.lanes[self._lane_key(node)].queue
+                cleanups[i].append(functools.partial(queue.inflight.pop, futs[i], None))
+        done = []
+        for k, lane in enumerate(self.lanes.values()):
+            segment = futs[len(nodes) + k]
+            self._encode_lane(lane, segment, node_futs, head, patches, packed)
+            cleanups[len(nodes) + k].append(functools.partial(lane.queue.retired, segment))
+            done.append(segment)
+        for node, engine in self.engine_of.items():
+            i = nodes.index(node)
+            cleanups[i] += self._encode_sdma(node, engine, futs[i], node_futs, head)
+            done.append(futs[i])
+        self.runtime.shader_copies += self._shader_copies
+        first = self.home_device().queues[0]
+        packets = barrier_and_packets([p.signal for p in done], replay.signal)
+        first.submit(PacketGroup([p for p, _ in packets], [h for _, h in packets], replay))
+        self._last = replay
+        return cleanups, [functools.partial(first.retired, replay)]
+
+    def _encode_lane(self, lane: _Lane, segment: GPUFuture, node_futs: dict, head: list, patches: dict,
+                     packed: dict) -> None:
         blob = bytearray(lane.blob)
         for i, node in lane.completions:
             struct.pack_into("<Q", blob, i * 64 + COMPLETION_OFFSET, node_futs[node].signal)
@@ -276,17 +306,8 @@ class HsaGraphExec(GraphExec):
             i = lane.dispatch_at.get(node)
             if i is not None:
                 headers[i] = (headers[i] & 0xFFFF) | len(p["grid"]) << 16
-        segment = hub.watch(hub.new_future(f"graph lane {lane.queue.name} (replay {self.replays})"))
-        segment.device, segment.kind = lane.device, "graph"
-        waits = []
         for i, slot, dep in lane.waits:
-            fut = node_futs[dep]
-            struct.pack_into("<Q", blob, i * 64 + DEP_OFFSET + 8 * slot, fut.signal)
-            waits.append(fut)
-        for fut in waits:
-            hub.depend(segment, fut)
-        for d in head:
-            hub.depend(segment, d, semantic=deps[d])
+            struct.pack_into("<Q", blob, i * 64 + DEP_OFFSET + 8 * slot, node_futs[dep].signal)
         pre = barrier_and_packets([d.signal for d in head]) if head else []
         tail, tail_header = barrier_and_packets([], segment.signal, barrier=True)[0]
         blob = bytearray(b"".join(bytes(p) for p, _ in pre)) + blob + bytearray(bytes(tail))
@@ -294,33 +315,18 @@ class HsaGraphExec(GraphExec):
         offset = len(pre)
         marks = [(node_futs[n], offset + i) for i, n in lane.completions]
         kernargs = {offset + i: data for i, data in kernargs.items()}
-        for fut, _ in marks:
-            fut.device, fut.kind = lane.device, "dispatch"
-            add_preds(fut, head + waits)     # a node is ordered after the lane's waits
-        lane.device._track_on(segment, lane.queue, [], [], head + waits)
-        hub.depend(replay, segment)
         lane.queue.submit(PacketGroup([], headers, segment, blob=blob, marks=marks, kernargs=kernargs,
                                       kernarg_align=align))
-        for fut, _ in marks:      # node futures retire with their lane
-            fut._cleanup = [*fut._cleanup, lambda q=lane.queue, f=fut: q.inflight.pop(f, None)]
-        return segment
 
-    def _submit_sdma(self, node: GraphNode, engine: int, node_futs: dict, head: list, deps: dict,
-                     replay: GPUFuture) -> GPUFuture:
-        hub = self.runtime.hub
-        fut = node_futs[node]
+    def _encode_sdma(self, node: GraphNode, engine: int, fut: GPUFuture, node_futs: dict, head: list) -> list:
+        """Issue a copy node on its engine (or, when the engine refuses it now, as a shader
+        copy); its cleanup."""
         dev = self.copy_device(node)
-        fut.device, fut.kind, fut.nbytes = dev, "copy", node.op["dst"].nbytes
+        fut.nbytes = node.op["dst"].nbytes
         src, dst = node.op["src"], node.op["dst"]
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
         src_agent, dst_agent = self._copy_agents(node)
-        for d, semantic in node.deps.items():
-            hub.depend(fut, node_futs[d], semantic=semantic)
-        for d in head:
-            hub.depend(fut, d, semantic=deps[d])
         waits = [node_futs[d] for d in node.deps] + head
-        add_preds(fut, waits)
-        hub.depend(replay, fut)
         try:
             name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,
                                       dst.nbytes, [w.signal for w in waits], fut.signal)
@@ -329,25 +335,25 @@ class HsaGraphExec(GraphExec):
             # other parts run, waiting on this node's signal; raising would leave them pending
             # for good. aiogpu's own copy does the node's work instead.
             name = None
-        if name is None:
-            name = self._fallback_copy(node, fut, dev, waits)
-            self.runtime.shader_copies += 1
-        fut.queue = name
-        return fut
+        if name is not None:
+            fut.queue = name
+            return []
+        self.runtime.shader_copies += 1
+        return self._fallback_copy(node, fut, dev, waits)
 
-    def _fallback_copy(self, node: GraphNode, fut: GPUFuture, dev: Device, waits: list) -> str:
+    def _fallback_copy(self, node: GraphNode, fut: GPUFuture, dev: Device, waits: list) -> list:
         """The engine chosen at instantiation ran out: this replay copies with a shader. Its
         kernargs go in the queue's ring, freed when it retires (the executable's blocks hold
-        what every replay reads, written once)."""
+        what every replay reads, written once); its cleanup."""
         queue = dev.queues[0]
         packets = barrier_and_packets([w.signal for w in waits]) if waits else []
         pkt, word, data, align = self._unplaced_dispatch(dev, node, False)
         pkt.completion_signal.handle = fut.signal
         group = PacketGroup([p for p, _ in packets] + [pkt], [h for _, h in packets] + [word], fut,
                             data, kernarg_align=align)
-        dev._track_on(fut, queue, [], [], [])
         queue.submit(group)
-        return queue.name
+        fut.queue = queue.name
+        return [functools.partial(queue.retired, fut)]
 
 
 class _QueueRef:

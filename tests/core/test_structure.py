@@ -247,14 +247,6 @@ _CORE_RECEIVERS = ("hub", "submit", "hazards", "deferred")
 # (file, enclosing function, call) -> why it stays. Each entry is a known debt of issue 25:
 # the backend still does the core's work there; a new call fails the test.
 ALLOWED_BOOKKEEPING = {
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "new_future"):
-        "the HSA graph executor makes a future per signaled node and one per replay",
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._replay", "watch"): "(the same futures)",
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "new_future"):
-        "the HSA graph executor makes a future per lane segment of a replay",
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "watch"): "(the same future)",
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_lane", "depend"): "(the segment's dependencies)",
-    ("aiogpu/hsa/graph.py", "HsaGraphExec._submit_sdma", "depend"): "(a copy node's dependencies)",
     ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "new_future"):
         "a packet group too big for the AQL ring is published in parts, a future each",
     ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "watch"): "(the same future)",
@@ -262,8 +254,6 @@ ALLOWED_BOOKKEEPING = {
         "(a failed part fails the whole group)",
     ("aiogpu/hsa/queues.py", "AqlQueue._wait_for_room", "arm"):
         "a full ring waits on the host for its oldest work, so the waiter must wake for it",
-    ("aiogpu/hsa/device.py", "HsaDevice._track_on", "track"):
-        "a graph replay's bookkeeping for the futures its executor builds (hsa/graph.py)",
 }
 
 

@@ -122,11 +122,11 @@ def test_replay_join_waits_for_its_sdma_copy_parts(make_runtime, monkeypatch):
     exe = g.instantiate()
     assert isinstance(exe, HsaGraphExec) and exe.engine_of, "the copy should be planned on an engine"
     copies, groups = [], []
-    real_sdma, real_submit = HsaGraphExec._submit_sdma, queues.AqlQueue.submit
-    monkeypatch.setattr(HsaGraphExec, "_submit_sdma",
-                        lambda self, *a, **k: copies.append(real_sdma(self, *a, **k)) or copies[-1])
+    real_sdma, real_submit = HsaGraphExec._encode_sdma, queues.AqlQueue.submit
+    monkeypatch.setattr(HsaGraphExec, "_encode_sdma",
+                        lambda self, node, engine, fut, *a: copies.append(fut) or real_sdma(self, node, engine, fut, *a))
     monkeypatch.setattr(queues.AqlQueue, "submit",
-                        lambda self, group: groups.append(group) or real_submit(self, group))
+                        lambda self, group, **kw: groups.append(group) or real_submit(self, group, **kw))
     seen, called = [], threading.Event()
 
     def on_done(_):      # the copy has completed (settled, or its signal reads so) by now
