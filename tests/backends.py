@@ -28,6 +28,20 @@ on_fake_cuda = pytest.mark.skipif(
            "(the CUDA tests run these paths on the real driver)")
 
 
+# A child script's opening on the fake driver: a CUDA runtime, its device d0, a buffer x of 16
+# int64 zeros, and a graph g of one launch adding 1 to them.
+FAKE_CUDA_GRAPH = """
+import numpy as np, aiogpu
+from gpu_kernels import add_const_n
+rt = aiogpu.Runtime("cuda")
+d0 = rt.devices[0]
+x = d0.alloc(128)
+assert aiogpu.copy(x, np.zeros(16, np.int64)).wait(20)
+with aiogpu.Graph() as g:
+    d0.launch(add_const_n, grid=(16,), block=(16,), args=(x, 1, 16))
+"""
+
+
 def run_on_fake_cuda(script: str, *, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     """``python -c script`` on the fake driver of tests/fakes (CUDA backend by default; ``env`` adds
     variables), from the repository's root, its output captured as text."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import aiogpu
-from backends import on_fake_cuda, run_on_fake_cuda, wait_for_baseline
+from backends import FAKE_CUDA_GRAPH, on_fake_cuda, run_on_fake_cuda, wait_for_baseline
 from gpu_kernels import Gate, add_const_n, wait_gate
 
 N = 16
@@ -139,16 +139,8 @@ def test_a_failed_instantiation_gives_its_blocks_back(make_runtime, monkeypatch)
 @on_fake_cuda
 def test_cuda_executables_close_too():
     """On CUDA, ``close`` (and ``with``) destroys the executable once its replays retired."""
-    got = run_on_fake_cuda("""
-import numpy as np, aiogpu
-from gpu_kernels import add_const_n
+    got = run_on_fake_cuda(FAKE_CUDA_GRAPH + """
 from backends import wait_for_baseline
-rt = aiogpu.Runtime("cuda")
-d0 = rt.devices[0]
-x = d0.alloc(128)
-assert aiogpu.copy(x, np.zeros(16, np.int64)).wait(20)
-with aiogpu.Graph() as g:
-    d0.launch(add_const_n, grid=(16,), block=(16,), args=(x, 1, 16))
 with g.instantiate() as exe:
     assert exe.launch().wait(20)
 try:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import textwrap
 
-from backends import on_fake_cuda, run_on_fake_cuda
+from backends import FAKE_CUDA_GRAPH, on_fake_cuda, run_on_fake_cuda
 
 pytestmark = on_fake_cuda
 
 
-def run(script: str, timeout: float = 120) -> str:
-    proc = run_on_fake_cuda("import fakecuda_controls as fc\n" + textwrap.dedent(script), timeout=timeout)
+def run(script: str, setup: str = "", timeout: float = 120) -> str:
+    proc = run_on_fake_cuda("import fakecuda_controls as fc\n" + setup + textwrap.dedent(script), timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     return proc.stdout
 
@@ -21,16 +21,8 @@ def run(script: str, timeout: float = 120) -> str:
 def test_a_closed_executable_whose_lane_still_runs_a_replay_is_destroyed_after_it():
     """The executable's destruction, asked for while a replay on its lane has not retired (the
     lane held here, as a GPU still running it), waits for that replay and then happens."""
-    out = run("""
+    out = run(setup=FAKE_CUDA_GRAPH, script="""
     import time
-    import numpy as np, aiogpu
-    from gpu_kernels import add_const_n
-    rt = aiogpu.Runtime("cuda")
-    d0 = rt.devices[0]
-    x = d0.alloc(128)
-    assert aiogpu.copy(x, np.zeros(16, np.int64)).wait(20)
-    with aiogpu.Graph() as g:
-        d0.launch(add_const_n, grid=(16,), block=(16,), args=(x, 1, 16))
     exe = g.instantiate()
     fc.hold(exe.lane.handle)
     fut = exe.launch()
@@ -51,15 +43,7 @@ def test_a_closed_executable_whose_lane_still_runs_a_replay_is_destroyed_after_i
 
 
 def test_replays_are_traced_as_graph_work_and_run_on_the_executables_lane():
-    out = run("""
-    import numpy as np, aiogpu
-    from gpu_kernels import add_const_n
-    rt = aiogpu.Runtime("cuda")
-    d0 = rt.devices[0]
-    x = d0.alloc(128)
-    assert aiogpu.copy(x, np.zeros(16, np.int64)).wait(20)
-    with aiogpu.Graph() as g:
-        d0.launch(add_const_n, grid=(16,), block=(16,), args=(x, 1, 16))
+    out = run(setup=FAKE_CUDA_GRAPH, script="""
     with g.instantiate() as exe:
         fut = exe.launch()
         print("lane", fut.lane is exe.lane, "kind", fut.kind, "device", fut.device is d0)
