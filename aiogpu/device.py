@@ -22,7 +22,7 @@ from ._core import submit as _submit
 from ._core.state import DeviceState
 from .backend import DeviceHooks
 from .errors import OutOfMemoryError
-from .futures import GPUFuture
+from .futures import GPUFuture, completed_future
 from .kernels import Kernel, fill_kernel
 from .memory import BLOCK, SMALL_LIMIT, Buffer, DeviceMemory, round_up
 from .memory import alloc_plain as _alloc_plain
@@ -312,7 +312,7 @@ class Device(DeviceState, DeviceHooks):
         with rt.lock:
             rt._check_open()
             if kernel in self._kernels:
-                return deferred.completed(rt.hub, f"load {kernel.name}")
+                return completed_future(rt.hub, f"load {kernel.name}")
             pending = self._compiling.get(kernel)
             if pending is None:
                 pending = self._start_compile(kernel, always=True)

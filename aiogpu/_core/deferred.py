@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from . import hazards
 from ..errors import GPUError
-from .futures import DONE, PENDING, GPUFuture, submission_scope
+from .futures import PENDING, GPUFuture, submission_scope
 
 
 class Deferred(GPUFuture):
@@ -100,13 +100,6 @@ def defer(rt: Any, device: Any, label: str, reads: list, writes: list, deps: dic
     fut.blocked = len(blockers)
     for b in blockers:
         b.waiters.append(fut)
-    return fut
-
-
-def completed(hub: Any, label: str) -> GPUFuture:
-    """A future that is done already (nothing to wait for), with no device work behind it."""
-    fut: GPUFuture[Any] = GPUFuture(hub, label)
-    fut._state = DONE
     return fut
 
 
