@@ -129,12 +129,18 @@ def cuEventCreate(flags): return (CUresult.CUDA_SUCCESS, CUevent(next(_ids)))
 def cuEventDestroy(e): return (CUresult.CUDA_SUCCESS,)
 def cuEventRecord(e, s): return (CUresult.CUDA_SUCCESS,)
 def cuEventQuery(e): return (CUresult.CUDA_SUCCESS,)
+def cuEventSynchronize(e): return (CUresult.CUDA_SUCCESS,)
 def cuStreamWaitEvent(s, e, f): return (CUresult.CUDA_SUCCESS,)
 def cuStreamWaitValue64(s, p, v, f): return (CUresult.CUDA_SUCCESS,)
 
 
 def cuStreamWriteValue64(stream, dptr, value, flags):
     ctypes.c_uint64.from_address(int(dptr)).value = value
+    return (CUresult.CUDA_SUCCESS,)
+
+
+def cuStreamWriteValue32(stream, dptr, value, flags):
+    ctypes.c_uint32.from_address(int(dptr)).value = value
     return (CUresult.CUDA_SUCCESS,)
 
 
@@ -150,6 +156,9 @@ def cuLaunchHostFunc(stream, fn, data):
 def cuMemcpyAsync(dst, src, n, stream):
     _memmove(int(dst), int(src), n)
     return (CUresult.CUDA_SUCCESS,)
+
+
+cuMemcpyHtoDAsync = cuMemcpyDtoHAsync = cuMemcpyDtoDAsync = cuMemcpyAsync
 
 
 def cuMemcpyPeerAsync(dst, dctx, src, sctx, n, stream):
