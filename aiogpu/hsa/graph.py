@@ -241,7 +241,6 @@ class HsaGraphExec(GraphExec):
         index = {node: i for i, node in enumerate(nodes)}
         parts = []
         lane_waits = {name: [index[dep] for _, _, dep in lane.waits] for name, lane in self.lanes.items()}
-        lane_of_mark = {node: name for name, lane in self.lanes.items() for _, node in lane.completions}
         for node in nodes:
             label = f"{node.label} (replay {self.replays})"
             if node in self.engine_of:
@@ -249,26 +248,25 @@ class HsaGraphExec(GraphExec):
                                   depends=[(index[d], semantic) for d, semantic in node.deps.items()],
                                   preds=[index[d] for d in node.deps]))
             else:       # a node is ordered after its lane's waits
-                name = lane_of_mark[node]
+                name = self.lane_of[node].queue.name
                 parts.append(Part(label, self.lanes[name].device, "dispatch", after_head=True,
                                   preds=lane_waits[name]))
         for name, lane in self.lanes.items():
             waits = lane_waits[name]
             parts.append(Part(f"graph lane {name} (replay {self.replays})", lane.device, "graph", joined=True,
                               after_head=True, on_head=True, depends=[(i, True) for i in waits], preds=waits))
-        return self.home_device(), parts, (nodes, patches, packed)
+        return self.home_device(), parts, (nodes, index, patches, packed)
 
     def _encode_parts(self, plan: tuple, replay: GPUFuture, futs: list, head: list) -> tuple[list, list]:
         """Queue a replay's parts (``futs``, as ``_replay_parts`` named them) and its join on
         the home device's first queue, completing ``replay``; (each part's cleanup, the
         replay's)."""
-        nodes, patches, packed = plan
+        nodes, index, patches, packed = plan
         node_futs = dict(zip(nodes, futs))
         cleanups = [[] for _ in futs]
         for i, node in enumerate(nodes):
             if node not in self.engine_of:    # (marks retire with their lane)
-                queue = self.lanes[self._lane_key(node)].queue
-                cleanups[i].append(functools.partial(queue.inflight.pop, futs[i], None))
+                cleanups[i].append(functools.partial(self.lane_of[node].queue.inflight.pop, futs[i], None))
         done = []
         for k, lane in enumerate(self.lanes.values()):
             segment = futs[len(nodes) + k]
@@ -276,7 +274,7 @@ class HsaGraphExec(GraphExec):
             cleanups[len(nodes) + k].append(functools.partial(lane.queue.retired, segment))
             done.append(segment)
         for node, engine in self.engine_of.items():
-            i = nodes.index(node)
+            i = index[node]
             cleanups[i] += self._encode_sdma(node, engine, futs[i], node_futs, head)
             done.append(futs[i])
         self.runtime.shader_copies += self._shader_copies
