@@ -325,9 +325,10 @@ class HsaGraphExec(GraphExec):
         ptr = lambda s, side: s.address if isinstance(s, Buffer) else node.op[side + "_ptr"]  # noqa: E731
         src_agent, dst_agent = self._copy_agents(node)
         waits = [node_futs[d] for d in node.deps] + head
+        done: list = []
         try:
             name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,
-                                      dst.nbytes, [w.signal for w in waits], fut.signal)
+                                      dst.nbytes, [w.signal for w in waits], fut.signal, done)
         except GPUError:
             # Any other failure of the copy call: by now this replay's futures exist and its
             # other parts run, waiting on this node's signal; raising would leave them pending
@@ -335,7 +336,7 @@ class HsaGraphExec(GraphExec):
             name = None
         if name is not None:
             fut.queue = name
-            return []
+            return done
         self.runtime.shader_copies += 1
         return self._fallback_copy(node, fut, dev, waits)
 

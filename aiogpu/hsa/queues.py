@@ -16,6 +16,7 @@ which drains back-logs, never dies of it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 from collections import deque
 from typing import Any
@@ -31,6 +32,9 @@ DEFAULT_RING = 1024
 KERNARG_RING_BYTES = 256 << 10
 BODY_OFFSET = 4  # bytes 0..3 are the header word, published last
 KERNARG_ADDRESS_OFFSET = P.hsa_kernel_dispatch_packet_t.kernarg_address.offset
+# Packets of ROCr's copy queues a device's unretired copies may take (see CopyEngines): ROCr's
+# blit-kernel queue has 64 slots at least (GpuAgent::CreateInterceptibleQueue: minAqlSize_).
+ROCR_COPY_ROOM = 48
 
 
 class PacketGroup:
@@ -496,6 +500,16 @@ class CopyEngines:
       queue as engine 0, which the copy then refuses), so the engine is dropped for that
       direction, and every later copy given it (a graph chose it at instantiation) is a shader
       copy without asking again.
+
+    **Room in ROCr's queues.** ``hsa_amd_memory_async_copy`` never fails for a full queue: it
+    spins until its queue has room (``BlitKernel::AcquireWriteIndex``; the blit-kernel queue
+    ROCr falls back to is one small utility AQL queue per agent, ``GpuAgent::InitDma``). It is
+    called under the runtime lock, and a copy waits on the device for its dependencies, which
+    may be back-logged on an aiogpu queue that only the waiter, taking that lock, publishes: a
+    full ROCr queue would then spin for good. So a device keeps at most ``ROCR_COPY_ROOM``
+    packets' worth of copies in ROCr's queues (a copy counts 2 packets plus a barrier packet
+    per five dependencies, as ROCr writes it) until they retire; past that ``submit`` answers
+    None and the copy is a shader copy on an aiogpu queue, whose back-log never blocks.
     """
 
     def __init__(self, api: Any, agent: Any, name: str):
@@ -507,6 +521,7 @@ class CopyEngines:
         self.refused: set[tuple[int, int, int]] = set()    # (direction, engine) the copy call refused
         self.lost = False                                  # evicted after a memory fault: never again
         self.counts: dict[str, int] = {}                   # copies submitted, by engine name
+        self.room_in_use = 0                               # ROCr queue packets of unretired copies
 
     @property
     def rocr_picks(self) -> bool:
@@ -571,16 +586,32 @@ class CopyEngines:
         return engine
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
-               deps: list[int], completion: int) -> str | None:
+               deps: list[int], completion: int, cleanup: list) -> str | None:
         """Start the copy on ``engine`` (``ROCR_CHOICE``: on the blit ROCr picks); its name, or
         None (run a shader copy instead) if the engines were lost to a memory fault (a graph
-        chose ``engine`` before), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for
-        this direction. Raises HsaError for any other failure."""
+        chose ``engine`` before), ROCr's queues have no room this device may take (see the
+        class docstring), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for this
+        direction. What gives its room back once it has retired goes to ``cleanup``. Raises
+        HsaError for any other failure."""
         if self.lost:
             return None
         direction = (dst_agent.handle, src_agent.handle)
         if (*direction, engine) in self.refused:
             return None
+        room = 2 + (len(deps) + 4) // 5
+        if self.room_in_use + room > ROCR_COPY_ROOM:
+            return None
+        name = self._submit(engine, dst, dst_agent, src, src_agent, nbytes, deps, completion, direction)
+        if name is not None:
+            self.room_in_use += room
+            cleanup.append(functools.partial(self._give_room, room))
+        return name
+
+    def _give_room(self, room: int) -> None:
+        self.room_in_use -= room
+
+    def _submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
+                deps: list[int], completion: int, direction: tuple) -> str | None:
         arr = (T.hsa_signal_t * len(deps))(*[T.hsa_signal_t(h) for h in deps]) if deps else None
         if engine == ROCR_CHOICE:
             status = self.api.hsa_amd_memory_async_copy(dst, dst_agent, src, src_agent, nbytes, len(deps), arr,

@@ -246,7 +246,7 @@ class HsaRuntime(Runtime):
         signals = [d.signal for d in waits]
         try:
             name = device.engines.submit(lane, op.dst.ptr, self._agent_of(op.dst), op.src.ptr,
-                                         self._agent_of(op.src), op.nbytes, signals, fut.signal)
+                                         self._agent_of(op.src), op.nbytes, signals, fut.signal, cleanup)
         except GPUError as exc:
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc
@@ -382,6 +382,7 @@ class HsaRuntime(Runtime):
         return {
             "signals_in_use": self.hub.pool.in_use,
             "kernarg_in_use": sum(q.kernarg.in_use for q in queues),
+            "copy_room_in_use": sum(d.engines.room_in_use for d in self.devices),
             "backlog": sum(len(q.backlog) for q in queues),
             "host_locks": self.host.count,
             "kernarg_blocks": len(self._kernarg_blocks),   # queues' rings and graphs' kernargs

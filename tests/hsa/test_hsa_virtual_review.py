@@ -73,7 +73,11 @@ async def test_aiogpu_and_rocr_keep_the_doorbell_and_signal_rules(make_virtual, 
     seen = [stats(g) for g in range(2)]
     assert sum(s["aql_dispatch"] for s in seen) >= 300 + 400
     if sdma_queues == 0:
-        assert sum(s["blit_copy"] for s in seen) >= 40 + 200 and sum(s["sdma_copy_linear"] for s in seen) == 0
+        # ROCr copies with its blit kernels; copies past the room a device keeps in ROCr's
+        # queues (CopyEngines) are aiogpu's shader copies.
+        blits, shaders = sum(s["blit_copy"] for s in seen), rt.stats()["copies"]["shader"]
+        assert blits >= 40 and blits + shaders >= 40 + 200, (blits, shaders)
+        assert sum(s["sdma_copy_linear"] for s in seen) == 0
     assert rule_counts(stats, 2) == dict.fromkeys(RULES, 0)
 
 
