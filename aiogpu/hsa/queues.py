@@ -504,12 +504,14 @@ class CopyEngines:
     **Room in ROCr's queues.** ``hsa_amd_memory_async_copy`` never fails for a full queue: it
     spins until its queue has room (``BlitKernel::AcquireWriteIndex``; the blit-kernel queue
     ROCr falls back to is one small utility AQL queue per agent, ``GpuAgent::InitDma``). It is
-    called under the runtime lock, and a copy waits on the device for its dependencies, which
-    may be back-logged on an aiogpu queue that only the waiter, taking that lock, publishes: a
-    full ROCr queue would then spin for good. So a device keeps at most ``ROCR_COPY_ROOM``
-    packets' worth of copies in ROCr's queues (a copy counts 2 packets plus a barrier packet
-    per five dependencies, as ROCr writes it) until they retire; past that ``submit`` answers
-    None and the copy is a shader copy on an aiogpu queue, whose back-log never blocks.
+    called under the runtime lock. While no aiogpu queue has a back-log, every dependency of a
+    copy is published, so the device frees ROCr's queue on its own and a spin ends. Once some
+    queue has one, a copy may wait on the device for back-logged work that only the waiter,
+    taking that lock, publishes: a full ROCr queue would spin for good. So, while any queue of
+    the runtime has a back-log (``crowded``), a device takes no more than ``ROCR_COPY_ROOM``
+    packets of ROCr's queues with its unretired copies (a copy counts 2 packets plus a barrier
+    packet per five dependencies, as ROCr writes it); past that ``submit`` answers None and the
+    copy is a shader copy on an aiogpu queue, whose back-log never blocks.
     """
 
     def __init__(self, api: Any, agent: Any, name: str):
@@ -586,11 +588,11 @@ class CopyEngines:
         return engine
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
-               deps: list[int], completion: int, cleanup: list) -> str | None:
+               deps: list[int], completion: int, cleanup: list, crowded: bool) -> str | None:
         """Start the copy on ``engine`` (``ROCR_CHOICE``: on the blit ROCr picks); its name, or
         None (run a shader copy instead) if the engines were lost to a memory fault (a graph
-        chose ``engine`` before), ROCr's queues have no room this device may take (see the
-        class docstring), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for this
+        chose ``engine`` before), ROCr's queues have no room this device may take while the
+        runtime is ``crowded`` (see the class docstring), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for this
         direction. What gives its room back once it has retired goes to ``cleanup``. Raises
         HsaError for any other failure."""
         if self.lost:
@@ -599,7 +601,7 @@ class CopyEngines:
         if (*direction, engine) in self.refused:
             return None
         room = 2 + (len(deps) + 4) // 5
-        if self.room_in_use + room > ROCR_COPY_ROOM:
+        if crowded and self.room_in_use + room > ROCR_COPY_ROOM:
             return None
         name = self._submit(engine, dst, dst_agent, src, src_agent, nbytes, deps, completion, direction)
         if name is not None:

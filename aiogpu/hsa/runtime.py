@@ -228,6 +228,11 @@ class HsaRuntime(Runtime):
                 side.ptr = self.host.lock(addr, n, side.obj)
                 op.cleanup.append(lambda a=addr, n=n: self.host.unlock(a, n))
 
+    def _crowded(self) -> bool:
+        """Whether any queue of the runtime has a back-log (``CopyEngines``: ROCr's copy queues
+        then keep room; under lock)."""
+        return any(q.backlog for d in self.devices for q in d.queues)
+
     def _engine_may_take(self, op: CopyOp) -> bool:
         return op.device.engines.may_take(self._agent_of(op.dst), self._agent_of(op.src))
 
@@ -246,7 +251,8 @@ class HsaRuntime(Runtime):
         signals = [d.signal for d in waits]
         try:
             name = device.engines.submit(lane, op.dst.ptr, self._agent_of(op.dst), op.src.ptr,
-                                         self._agent_of(op.src), op.nbytes, signals, fut.signal, cleanup)
+                                         self._agent_of(op.src), op.nbytes, signals, fut.signal, cleanup,
+                                         self._crowded())
         except GPUError as exc:
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc

@@ -1,7 +1,8 @@
 """Room in ROCr's copy queues: ``hsa_amd_memory_async_copy`` spins, under the runtime lock, while
 its queue is full, and its copies may wait for work back-logged on an aiogpu queue that only the
-waiter (which needs that lock) publishes. A device therefore keeps its unretired ROCr copies
-within ``ROCR_COPY_ROOM`` packets and runs the rest as shader copies (see CopyEngines)."""
+waiter (which needs that lock) publishes. While a back-log exists, a device therefore keeps its
+unretired ROCr copies within ``ROCR_COPY_ROOM`` packets and runs the rest as shader copies (see
+CopyEngines)."""
 from __future__ import annotations
 
 import subprocess
@@ -31,18 +32,32 @@ def test_copies_past_the_room_are_refused_and_retirement_gives_the_room_back(mak
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy", lambda *args: calls.append(args) or 0)
     cleanups: list = []
     for _ in range(Q.ROCR_COPY_ROOM // 2 - 1):
-        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is not None
+        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is not None
     assert engines.room_in_use == Q.ROCR_COPY_ROOM - 2
     deps = list(range(1, 7))                       # six dependencies: 2 barrier packets more
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, cleanups) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, cleanups, True) is None
     assert len(calls) == Q.ROCR_COPY_ROOM // 2 - 1, "ROCr was called for a copy without room"
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is not None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is not None
     assert engines.room_in_use == Q.ROCR_COPY_ROOM
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is None
     for done in cleanups[:3]:
         done()
     assert engines.room_in_use == Q.ROCR_COPY_ROOM - 6
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, []) is not None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, [], True) is not None
+
+
+def test_without_a_back_log_anywhere_copies_are_not_held_to_the_room(make_runtime, monkeypatch):
+    """Every dependency is published then, so the device frees ROCr's queue by itself: the copy
+    goes to ROCr (and still counts, for when a back-log comes)."""
+    rt = make_runtime(gpus=1)
+    engines, dst, src = _h2d(rt)
+    monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy", lambda *args: 0)
+    cleanups: list = []
+    for _ in range(Q.ROCR_COPY_ROOM):
+        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, False) is not None
+    assert engines.room_in_use == 2 * Q.ROCR_COPY_ROOM
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is None
+    assert rt._crowded() is False
 
 
 def test_a_copy_that_fails_in_rocr_takes_no_room(make_runtime, monkeypatch):
@@ -51,7 +66,7 @@ def test_a_copy_that_fails_in_rocr_takes_no_room(make_runtime, monkeypatch):
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy",
                         lambda *args: aiogpu.hsa_bindings.types.HSA_STATUS_ERROR_OUT_OF_RESOURCES)
     cleanups: list = []
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is None
     assert engines.room_in_use == 0 and cleanups == []
 
 
