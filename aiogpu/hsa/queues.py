@@ -8,8 +8,9 @@ The writer keeps DESIGN.md's protocol:
 3. the doorbell gets the index of the last published packet (release store);
 4. every reserved slot is published, even when writing fails (a no-op barrier packet);
 5. more than five dependencies are chained over several barrier-AND packets.
-A group that does not fit waits in a per-queue back-log, drained as packets retire; the event loop
-never blocks on a full ring. A group longer than the ring goes in parts (see ``AqlQueue.submit``);
+A group that does not fit waits in a per-queue back-log, drained as packets retire and when the
+queue's own room marks complete (see ``AqlQueue._mark_for_room``); the event loop never blocks on
+a full ring. A group longer than the ring goes in parts (see ``AqlQueue.submit``);
 a group that cannot be written fails its futures instead of raising, so that the waiter thread,
 which drains back-logs, never dies of it.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import struct
 from collections import deque
 from typing import Any
@@ -25,13 +27,15 @@ from ..errors import DeviceLost, GPUError
 from ..hsa_bindings import atomics
 from ..hsa_bindings import packets as P
 from ..hsa_bindings import types as T
-from ..futures import GPUFuture, add_preds
-from .signals import CompletionHub
+from ..futures import GPUFuture
+from .signals import CompletionHub, has_interrupt_event
 
 DEFAULT_RING = 1024
 KERNARG_RING_BYTES = 256 << 10
 BODY_OFFSET = 4  # bytes 0..3 are the header word, published last
 KERNARG_ADDRESS_OFFSET = P.hsa_kernel_dispatch_packet_t.kernarg_address.offset
+COMPLETION_SIGNAL_OFFSET = P.hsa_barrier_and_packet_t.completion_signal.offset
+ROOM_SIGNALS = 2   # a queue's own signals for room marks (one pending, one whose event is on its way)
 # Packets of ROCr's copy queues a device's unretired copies may take (see CopyEngines): ROCr's
 # blit-kernel queue has 64 slots at least (GpuAgent::CreateInterceptibleQueue: minAqlSize_).
 ROCR_COPY_ROOM = 48
@@ -44,14 +48,16 @@ class PacketGroup:
     words (``header | setup << 16``) published after every body. ``future`` completes with the
     last packet; ``marks`` are further futures completed by packet ``i`` of the group (graph
     nodes). ``kernargs`` maps a dispatch packet's index to argument bytes placed in the queue's
-    kernarg ring at publication.
+    kernarg ring at publication. A ``part`` (of a group longer than the ring) ends with a room
+    mark and names the group's future without completing it.
     """
 
-    __slots__ = ("blob", "headers", "future", "marks", "kernargs", "kernarg_align")
+    __slots__ = ("blob", "headers", "future", "marks", "kernargs", "kernarg_align", "part")
 
     def __init__(self, packets: list, headers: list[int], future: GPUFuture, kernarg: bytes = b"", *,
                  blob: bytearray | None = None, marks: list | None = None, kernargs: dict | None = None,
-                 kernarg_align: int = 16):
+                 kernarg_align: int = 16, part: bool = False):
+        self.part = part
         self.blob = blob if blob is not None else bytearray(b"".join(bytes(p) for p in packets))
         self.headers = headers
         self.future = future
@@ -146,19 +152,34 @@ class AqlQueue:
         self.lost: GPUError | None = None   # the device is lost: no HSA queue, nothing accepted
         self._draining = False         # drain() is running (a failed group may retire inside it)
         self._unsent: list[tuple] = []     # the failure report of groups that could not be published
-        self._kernargs: dict[GPUFuture, list] = {}   # a group's kernarg entries, until it retires
+        self._kernargs: dict[Any, list] = {}   # a group's (or part's) kernarg entries, until it retires
+        # Room marks in flight, by token: (signal, generation, kernarg entries, group future or
+        # None, packet span); the queue's free room signals; whether the back-log's head last
+        # waited for kernarg space (then the next mark waits for completions: see _mark_for_room).
+        self._marks: dict[int, tuple] = {}
+        self._room_signals: list[int] = []
+        self._short_of_kernargs = False
+        self._tokens = itertools.count(1)
+        self._room_handler = T.signal_handler_t(self._on_room_from_driver)
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
+        try:
+            for _ in range(ROOM_SIGNALS):
+                self._room_signals.append(self._new_room_signal())
+        except BaseException:
+            self.destroy()
+            raise
 
     # -- lifecycle -----------------------------------------------------------------------------
     def ring_size(self, requested: int) -> int:
         """``requested`` rounded up to a power of two and clamped to the agent's
-        [QUEUE_MIN_SIZE, QUEUE_MAX_SIZE] (ROCr rejects anything else: 64 <= size <= 0x20000)."""
+        [QUEUE_MIN_SIZE, QUEUE_MAX_SIZE] (ROCr rejects anything else: 64 <= size <= 0x20000),
+        and at least 2 (a packet and a room mark: see ``_mark_for_room``)."""
         low, high = ctypes.c_uint32(0), ctypes.c_uint32(0)
         self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MIN_SIZE, ctypes.byref(low))
         self.api.hsa_agent_get_info(self.agent, T.HSA_AGENT_INFO_QUEUE_MAX_SIZE, ctypes.byref(high))
         size = 1 << max(int(requested) - 1, 0).bit_length()
-        return min(max(size, low.value or 1), high.value or size)
+        return min(max(size, low.value or 1, 2), high.value or size)
 
     def _create(self) -> None:
         self.size = self.ring_size(self.size)
@@ -174,7 +195,25 @@ class AqlQueue:
         self.size = qp.contents.size
         self.broken = False
 
+    def _new_room_signal(self) -> int:
+        """An interrupt signal for room marks: ROCr runs asynchronous handlers only on those."""
+        sig = T.hsa_signal_t()
+        self.api.check(self.api.hsa_signal_create(1, 0, None, ctypes.byref(sig)), f"hsa_signal_create({self.name})")
+        if not has_interrupt_event(sig.handle):
+            self.api.hsa_signal_destroy(sig)
+            raise GPUError(f"queue {self.name}: KFD has no signal event left for its room marks", queue=self.name)
+        return sig.handle
+
     def destroy(self) -> None:
+        """Destroy the HSA queue and the queue's room signals (ROCr drops a destroyed signal's
+        handler without calling it)."""
+        self._destroy_queue()
+        signals = [*self._room_signals, *(entry[0] for entry in self._marks.values())]
+        self._room_signals, self._marks = [], {}
+        for handle in signals:
+            self.api.hsa_signal_destroy(T.hsa_signal_t(handle))
+
+    def _destroy_queue(self) -> None:
         if self._q:
             self.api.hsa_queue_destroy(self._q)
             self._q = None
@@ -193,10 +232,11 @@ class AqlQueue:
         for part in parts:
             if self.backlog or not self._publish(part, refuse):
                 self.backlog.append(part)
-        self._wait_for_room()
+        self._mark_for_room()
 
     def drain(self) -> None:
-        """Publish back-logged groups while they fit (after packets retired; under lock)."""
+        """Publish back-logged groups while they fit (after packets retired, or a room mark
+        completed; under lock)."""
         if self._draining:     # a group failed inside this drain retired: the loop goes on
             return
         self._draining = True
@@ -205,14 +245,89 @@ class AqlQueue:
                 self.backlog.popleft()
         finally:
             self._draining = False
-        self._wait_for_room()
+        self._mark_for_room()
 
-    def _wait_for_room(self) -> None:
-        """While groups wait in the back-log, the host waits for this queue's oldest in-flight
-        work: its retirement drains the back-log (``retired``), so the waiter must wake for it
-        rather than find it at its periodic scan (``FutureHub.arm``)."""
-        if self.backlog and self.inflight:
-            self.hub.arm(next(iter(self.inflight)))
+    # -- room marks: how a back-log learns that the ring has room --------------------------------
+    # A back-logged group waits for ring slots, or kernarg space, that in-flight work holds. The
+    # queue learns when they come free without anyone waiting on that work's futures: it ends
+    # what it has published with a *room mark*, a barrier-AND packet whose completion signal is
+    # the queue's own, with a ROCr asynchronous handler on it (hsa_amd_signal_async_handler:
+    # Runtime::SetAsyncSignalHandler; the handler runs on ROCr's events thread and only posts
+    # an event to the waiter). Without the barrier bit the mark completes once the packet
+    # processor has reached it, when every slot before it is free; with it (the back-log
+    # waits for kernarg space, freed as work retires) once all work before it has completed, so
+    # that the waiter's scan after the event retires that work. A part of a group longer than
+    # the ring ends with a mark of its own, with the barrier bit: its completion frees the
+    # part's kernel arguments. Normal groups leave one slot free, so a mark always fits.
+    def _mark_for_room(self) -> None:
+        """While groups wait in the back-log, make sure a room mark is on its way (under lock)."""
+        if not self.backlog or self._marks or self.broken or not self._room_signals:
+            return     # (a pending mark's event drains again: marks in use mean one is pending)
+        if not self.has_room(1):   # (never: groups leave its slot; rule 1 holds even so)
+            return
+        packets = barrier_and_packets([], 0, barrier=self._short_of_kernargs)
+        blob = bytearray(bytes(packets[0][0]))
+        try:
+            self._write_marked(blob, [packets[0][1]], None, None, [])
+        except Exception as exc:  # noqa: BLE001 - nothing would drain the back-log: start afresh
+            err = GPUError(f"queue {self.name}: could not publish a room mark: {exc}", queue=self.name)
+            err.__cause__ = exc
+            failed = self.abort(err)
+            if not self._unsent:
+                self.hub.post_event(self._report_unsent)
+            self._unsent += failed
+
+    def _write_marked(self, blob: bytearray, headers: list[int], main: GPUFuture | None,
+                      part: PacketGroup | None, kernargs: list) -> None:
+        """Publish ``blob`` (whose last packet is a barrier) with one of the queue's room
+        signals as the last packet's completion signal and the handler on it (under lock;
+        room checked by the caller, a room signal free)."""
+        signal = self._room_signals.pop()
+        try:
+            self.api.hsa_signal_store_screlease(T.hsa_signal_t(signal), 1)
+            token = next(self._tokens)
+            struct.pack_into("<Q", blob, len(blob) - P.PACKET_SIZE + COMPLETION_SIGNAL_OFFSET, signal)
+            self.api.check(self.api.hsa_amd_signal_async_handler(
+                T.hsa_signal_t(signal), T.HSA_SIGNAL_CONDITION_LT, 1, self._room_handler, token),
+                f"hsa_amd_signal_async_handler({self.name})")
+        except BaseException:
+            self._room_signals.append(signal)
+            for entry in kernargs:
+                self.kernarg.free(entry)
+            raise
+        # Registered: from here the handler's event returns the signal (``_room_event``).
+        self._marks[token] = (signal, self.generation, [], main, None)
+        try:
+            first = self._write(blob, headers)
+        except BaseException:
+            for entry in kernargs:
+                self.kernarg.free(entry)
+            self.api.hsa_signal_store_screlease(T.hsa_signal_t(signal), 0)   # no-ops: fire it now
+            raise
+        self._marks[token] = (signal, self.generation, kernargs, main, (first, first + len(headers) - 1))
+        if part is not None:
+            self._record_marks(part, first)
+
+    def _on_room_from_driver(self, _value: int, token: int | None) -> bool:
+        # ROCr's events thread: hand over to the waiter, nothing more; one-shot (False).
+        try:
+            self.hub.post_event(functools.partial(self._room_event, token))
+        except Exception:  # noqa: BLE001 - the runtime is closing: nothing left to drain
+            pass
+        return False
+
+    def _room_event(self, token: int | None) -> None:
+        """The waiter's event for a completed room mark: its signal and kernel arguments are
+        free again; publish what now fits."""
+        with self.hub.lock:
+            entry = self._marks.pop(token, None)
+            if entry is None:
+                return
+            signal, _generation, kernargs, _main, _span = entry
+            self._room_signals.append(signal)
+            for item in kernargs:
+                self.kernarg.free(item)
+            self.drain()
 
     def _publish(self, group: PacketGroup, refuse: bool = False) -> bool:
         """``_try_publish``, except that a group that cannot be written (an unexpected error;
@@ -231,12 +346,19 @@ class AqlQueue:
                 err.__cause__ = exc
         if refuse:
             raise err
-        # None of its packets runs (no-ops at most): reported to the core through the waiter
-        # (the caller may be an encode, or the waiter retiring what made room).
+        self._report(err, [group], runs=group.part)
+        return True
+
+    def _report(self, err: GPUError, groups: list, *, runs: bool) -> None:
+        """Report ``groups``' futures failed with ``err``: none of their packets runs (no-ops
+        at most), except that a part's group future (``runs``) still completes with the group's
+        last part. To the core through the waiter (the caller may be an encode, or the waiter
+        retiring what made room)."""
         if not self._unsent:
             self.hub.post_event(self._report_unsent)
-        self._unsent += [(fut, err, False) for fut in [group.future, *(f for f, _ in group.marks)]]
-        return True
+        for group in groups:
+            self._unsent.append((group.future, err, runs))
+            self._unsent += [(fut, err, False) for fut, _ in group.marks]
 
     def _report_unsent(self) -> list:
         """The failure report of the groups ``_publish`` could not publish (a waiter event)."""
@@ -246,34 +368,26 @@ class AqlQueue:
 
     def _parts(self, group: PacketGroup) -> list[PacketGroup]:
         """``group`` as parts that each fit the ring, in order. Each part but the last ends with
-        a barrier packet (barrier bit set) whose completion signal is a future of its own: when
-        it retires, the whole part has, so the next part finds the ring empty, and its
-        retirement drains the back-log. Packet order, and so every barrier bit's meaning, is
-        that of the whole group; a part that fails fails the group's future."""
+        a room mark with the barrier bit (see above): when it completes, the whole part has, so
+        the next part finds the ring empty and the part's kernel arguments are freed. Packet
+        order, and so every barrier bit's meaning, is that of the whole group; each part names
+        the group's future, which completes with the last one."""
         n, step = len(group), self.size - 1
-        if n <= self.size or step < 1:
+        if n <= step:
             return [group]
         parts, size = [], P.PACKET_SIZE
         for lo in range(0, n, step):
             hi = min(lo + step, n)
             blob, headers = bytearray(group.blob[lo * size:hi * size]), group.headers[lo:hi]
-            fut = group.future if hi == n else self._part_future(group.future, len(parts))
             if hi < n:
-                pkt, header = barrier_and_packets([], fut.signal, barrier=True)[0]
+                pkt, header = barrier_and_packets([], 0, barrier=True)[0]
                 blob += bytes(pkt)
                 headers = [*headers, header]
             marks = [(f, i - lo) for f, i in group.marks if lo <= i < hi]
             kernargs = {i - lo: data for i, data in group.kernargs.items() if lo <= i < hi}
-            parts.append(PacketGroup([], headers, fut, blob=blob, marks=marks, kernargs=kernargs))
+            parts.append(PacketGroup([], headers, group.future, blob=blob, marks=marks, kernargs=kernargs,
+                                     kernarg_align=group.kernarg_align, part=hi < n))
         return parts
-
-    def _part_future(self, main: GPUFuture, index: int) -> GPUFuture:
-        fut = self.hub.watch(self.hub.new_future(f"{main.label} (part {index})"))
-        fut.device, fut.kind, fut.queue = getattr(self, "device", None), "barrier", self.name
-        fut._add_dependent(main)         # a failed part fails the whole group
-        add_preds(main, [fut])             # and the group completes only after its parts
-        fut._cleanup = [*fut._cleanup, lambda: self.retired(fut)]
-        return fut
 
     def holds(self, fut: GPUFuture) -> bool:
         """Whether ``fut``'s packets are in this HSA queue, published and not retired, so that a
@@ -294,30 +408,53 @@ class AqlQueue:
             raise ValueError(f"{n} packets cannot fit a ring of {self.size}")
         if n == 0:
             return True
-        if self.broken or not self.has_room(n):
+        # A part ends with a room mark of its own; any other group leaves a slot for one.
+        if self.broken or not self.has_room(n if group.part else n + 1):
             return False
+        if group.part and not self._room_signals:
+            return False           # (all in use: their marks' events drain again)
         if group.kernargs and not self._place_kernargs(group):
+            self._short_of_kernargs = True
             return False
+        self._short_of_kernargs = False
+        if group.part:
+            self._write_marked(group.blob, group.headers, group.future, group, self._kernargs.pop(group, []))
+            return True
+        try:
+            first = self._write(group.blob, group.headers)
+        except BaseException:
+            for entry in self._kernargs.pop(group.future, ()):
+                self.kernarg.free(entry)
+            raise
+        self.inflight[group.future] = (first, first + n - 1)
+        group.future.packet = first + n - 1
+        self._record_marks(group, first)
+        return True
+
+    def _record_marks(self, group: PacketGroup, first: int) -> None:
+        for fut, i in group.marks:
+            self.inflight[fut] = (first, first + i)
+            fut.packet, fut.queue = first + i, self.name
+
+    def _write(self, blob: bytearray, headers: list[int]) -> int:
+        """Reserve, write and publish the packets (rules 1-4; room checked by the caller): the
+        index of the first."""
+        n = len(headers)
         first = self.api.hsa_queue_add_write_index_scacq_screl(self._q, n)
         try:
-            self._write_bodies(first, group.blob, n)
-            self._publish_headers(first, group.headers)
+            self._write_bodies(first, blob, n)
+            self._publish_headers(first, headers)
         except BaseException:
             self._publish_noops(first, n)  # rule 4: a reserved slot is never left unpublished
             raise
         finally:
             self.api.hsa_signal_store_screlease(self.doorbell, first + n - 1)
         self.published += n
-        self.inflight[group.future] = (first, first + n - 1)
-        group.future.packet = first + n - 1
-        for fut, i in group.marks:
-            self.inflight[fut] = (first, first + i)
-            fut.packet, fut.queue = first + i, self.name
-        return True
+        return first
 
     def _place_kernargs(self, group: PacketGroup) -> bool:
         """Copy kernel arguments into the ring (all or none); freed when the group retires
-        (``retired``), before the back-log drains."""
+        (``retired``; a part's when its room mark completes), before the back-log drains."""
         placed = []
         try:
             for index, data in group.kernargs.items():
@@ -329,7 +466,7 @@ class AqlQueue:
                 ctypes.memmove(address, data, len(data))
                 struct.pack_into("<Q", group.blob, index * P.PACKET_SIZE + KERNARG_ADDRESS_OFFSET, address)
             else:
-                self._kernargs[group.future], placed = placed, []
+                self._kernargs[group if group.part else group.future], placed = placed, []
                 return True
             return False
         finally:
@@ -401,11 +538,21 @@ class AqlQueue:
         of work that completed before the error) runs on the new queue.
         """
         self.broken = True
-        victims = sorted(self.inflight.items(), key=lambda v: v[1][0])
+        # A part in flight stands for its group's future (the group's later parts are parked).
+        spans = dict(self.inflight)
+        for _signal, generation, _kernargs, main, span in self._marks.values():
+            if main is not None and span is not None and generation == self.generation:
+                first, last = spans.get(main, span)
+                spans[main] = (min(first, span[0]), max(last, span[1]))
+        victims = sorted(spans.items(), key=lambda v: v[1][0])
         parked = list(self.backlog)
         self.backlog.clear()
         self.inflight.clear()
-        self.destroy()              # no packet of it can run any more
+        self._destroy_queue()       # no packet of it can run any more
+        # Nor will its room marks complete: fire their handlers (each event frees its signal).
+        for signal, generation, *_ in self._marks.values():
+            if generation == self.generation:
+                self.api.hsa_signal_store_screlease(T.hsa_signal_t(signal), 0)
         self.generation += 1
         self.errors.append(str(err))
         self.hub.settle_completed([f for f, _ in victims])   # completed before the error: not failed
@@ -429,7 +576,8 @@ class AqlQueue:
             failed.append((fut, exc, False))
         # A parked group's marks (graph nodes whose completions other lanes, engines and
         # devices wait for) fail with it: none of its packets will be published.
-        for fut in [f for g in parked for f in (g.future, *(m for m, _ in g.marks))]:
+        for fut in dict.fromkeys(f for g in parked for f in (g.future, *(m for m, _ in g.marks))
+                                 if f not in spans):
             failed.append((fut, _caused_by(err, kind(
                 f"{fut.label}: queue {self.name} failed ({why}) before it was submitted",
                 status=err.status, queue=self.name)), False))

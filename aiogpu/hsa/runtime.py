@@ -363,7 +363,7 @@ class HsaRuntime(Runtime):
         for queue in dev.queues:
             failed += queue.abort(lost, -1, lost=lost)
         named = {f for f, _, runs in failed if not runs}
-        for fut in mine:        # anything else of the device (a join, a part future)
+        for fut in mine:        # anything else of the device (a join)
             if fut not in named:
                 err = DeviceLost(f"{fut.label}: {lost}", status=status, queue=fut.queue)
                 err.__cause__ = lost

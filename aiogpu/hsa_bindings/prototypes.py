@@ -14,7 +14,7 @@ from .types import (
     hsa_executable_symbol_info_t, hsa_executable_symbol_t, hsa_executable_t,
     hsa_loaded_code_object_t, hsa_profile_t, hsa_queue_t, hsa_queue_type32_t,
     hsa_signal_condition_t, hsa_signal_t, hsa_signal_value_t, hsa_status_t, hsa_system_info_t,
-    hsa_wait_state_t, pool_iterate_callback_t, queue_error_callback_t, system_event_callback_t,
+    hsa_wait_state_t, pool_iterate_callback_t, queue_error_callback_t, signal_handler_t, system_event_callback_t,
 )
 
 S = hsa_status_t
@@ -52,6 +52,7 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "hsa_signal_wait_scacquire": (V, [hsa_signal_t, hsa_signal_condition_t, V, c_uint64, hsa_wait_state_t]),
     "hsa_amd_signal_wait_any": (c_uint32, [c_uint32, POINTER(hsa_signal_t), POINTER(hsa_signal_condition_t),
                                            POINTER(V), c_uint64, hsa_wait_state_t, POINTER(V)]),
+    "hsa_amd_signal_async_handler": (S, [hsa_signal_t, hsa_signal_condition_t, V, signal_handler_t, c_void_p]),
     # queues
     "hsa_queue_create": (S, [hsa_agent_t, c_uint32, hsa_queue_type32_t, queue_error_callback_t, c_void_p,
                              c_uint32, c_uint32, POINTER(Q)]),

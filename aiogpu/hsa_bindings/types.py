@@ -100,6 +100,8 @@ queue_error_callback_t = ctypes.CFUNCTYPE(None, hsa_status_t, ctypes.POINTER(hsa
 agent_iterate_callback_t = ctypes.CFUNCTYPE(hsa_status_t, hsa_agent_t, c_void_p)
 pool_iterate_callback_t = ctypes.CFUNCTYPE(hsa_status_t, hsa_amd_memory_pool_t, c_void_p)
 system_event_callback_t = ctypes.CFUNCTYPE(hsa_status_t, ctypes.POINTER(hsa_amd_event_t), c_void_p)
+# hsa_amd_signal_handler: bool (*)(hsa_signal_value_t value, void *arg); true keeps it registered.
+signal_handler_t = ctypes.CFUNCTYPE(ctypes.c_bool, hsa_signal_value_t, c_void_p)
 
 # ---------------------------------------------------------------------------------------------
 # hsa_status_t

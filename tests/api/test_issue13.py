@@ -63,12 +63,13 @@ def test_waiter_survives_a_group_that_fails_to_publish(make_runtime, monkeypatch
     gate = Gate()
     held = gate.launch(d0)
     # Once the gate's packet is launched its slot is free again (the read index moved past it);
-    # behind a barrier the packet processor launches nothing more, so 4 fills fill the ring.
+    # behind a barrier the packet processor launches nothing more, so 3 fills and the room mark
+    # the queue publishes behind them (it keeps a slot for one) fill the ring.
     # (Wait for that launch: under load the processor may not have taken the packet yet.)
     queue = d0.queues[0]
     while rt.api.hsa_queue_load_read_index_scacquire(queue._q) <= held.packet:
         time.sleep(0.001)
-    fill = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(4)]
+    fill = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(3)]
     victim = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
     later = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
     assert len(d0.queues[0].backlog) == 2

@@ -244,17 +244,9 @@ BOOKKEEPING_ON_CORE = {"watch", "fail", "discard", "_finish", "_retire", "join",
                        "dependencies", "prune", "arm", "_submitted"}
 _CORE_RECEIVERS = ("hub", "submit", "hazards", "deferred")
 
-# (file, enclosing function, call) -> why it stays. Each entry is a known debt of issue 25:
-# the backend still does the core's work there; a new call fails the test.
-ALLOWED_BOOKKEEPING = {
-    ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "new_future"):
-        "a packet group too big for the AQL ring is published in parts, a future each",
-    ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "watch"): "(the same future)",
-    ("aiogpu/hsa/queues.py", "AqlQueue._part_future", "_add_dependent"):
-        "(a failed part fails the whole group)",
-    ("aiogpu/hsa/queues.py", "AqlQueue._wait_for_room", "arm"):
-        "a full ring waits on the host for its oldest work, so the waiter must wake for it",
-}
+# (file, enclosing function, call) -> why it stays: empty, and a new call fails the test (the
+# HSA queue's back-log learns of room from its own room marks, not from the core's futures).
+ALLOWED_BOOKKEEPING: dict[tuple[str, str, str], str] = {}
 
 
 def _receiver_is_core(func: ast.expr) -> bool:

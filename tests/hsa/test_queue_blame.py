@@ -9,6 +9,7 @@ import numpy as np
 import aiogpu
 from aiogpu.hsa import queues
 from aiogpu.hsa_bindings import types as T
+from backends import wait_until
 from gpu_kernels import Gate, add_const_n
 
 N = 16
@@ -64,6 +65,10 @@ def test_a_queue_error_gives_its_status_to_the_failed_its_queue_mates_and_its_ba
     bufs = [d0.alloc(N * 8) for _ in range(6)]
     assert aiogpu.gather(*(aiogpu.copy(b, np.zeros(N, np.int64)) for b in bufs)).wait(20)
     queue = d0.queues[0]
+    # The zero-fills were shader copies on this very ring, behind a room mark or two: start from
+    # an empty ring (the packet processor may not have reached the last mark yet).
+    assert wait_until(lambda: rt.api.hsa_queue_load_read_index_scacquire(queue._q)
+                      == rt.api.hsa_queue_load_write_index_relaxed(queue._q), 20)
     gate = Gate()
     with rt.lock:       # the queue's error is handled once everything is submitted
         rt.api.emulator.faults.queue_error_at(1, agent=0)     # the first launch's barrier

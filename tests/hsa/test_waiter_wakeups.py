@@ -307,8 +307,8 @@ async def test_a_task_group_exits_as_soon_as_the_work_nobody_awaited_completes(m
 
 @pytest.mark.asyncio
 async def test_a_back_log_drains_without_the_periodic_scan(make_runtime, long_timeouts):
-    """A ring of 4 with 30 launches nobody waits for but the last: the host must retire in-flight
-    work to publish the back-log, so it waits for the oldest in-flight launch each time."""
+    """A ring of 4 with 30 launches nobody waits for but the last: the host must learn when the
+    ring has room to publish the back-log (the queue's room marks), not at its periodic scan."""
     rt = make_runtime(ring_size=4, queues_per_device=1, gpus=1, emulator_min_queue_size=4)
     d0 = rt.devices[0]
     g = Gate()
@@ -416,3 +416,43 @@ def test_a_loop_closed_with_work_pending_leaks_nothing(make_runtime):
     assert rt.leaks(DEADLINE_S) == {}
     assert all(f.done() for f in unwaited)
     del tasks
+
+
+def test_a_back_log_drains_through_room_marks_with_nobody_waiting(make_runtime, long_timeouts):
+    """Nobody waits for anything and the periodic scan is off: the queue's room marks (barrier
+    packets on its own signals, with ROCr's asynchronous handlers) alone publish the back-log."""
+    from backends import wait_until
+
+    rt = make_runtime(ring_size=4, queues_per_device=1, gpus=1, emulator_min_queue_size=4)
+    d0 = rt.devices[0]
+    queue = d0.queues[0]
+    g = Gate()
+    held = g.launch(d0)
+    futs = [d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,), after=[held]) for _ in range(30)]
+    assert queue.backlog and queue._marks, "a back-log should have a room mark on its way"
+    g.open()
+    assert wait_until(lambda: not queue.backlog, DEADLINE_S), "the back-log never drained"
+    assert rt.api.emulator._state.async_handlers.calls >= 1
+    assert futs[-1].wait(DEADLINE_S) and futs[-1].exception() is None
+    retire_the_rest(rt)
+
+
+def test_a_launch_waiting_for_kernarg_room_runs_with_nobody_waiting_on_the_head(make_runtime, long_timeouts,
+                                                                             monkeypatch):
+    """The back-log's head waits for kernarg space that a gated kernel holds: the room mark then
+    waits for completions (barrier bit), so that the scan after its event retires the gated
+    kernel and frees its space; nobody waits on that kernel."""
+    import aiogpu.hsa.runtime as hsa_runtime
+    monkeypatch.setattr(hsa_runtime, "KERNARG_RING_BYTES", 16 * 64)     # 16 entries
+    rt = make_runtime(gpus=1, queues_per_device=1)
+    d0 = rt.devices[0]
+    g = Gate()
+    g.launch(d0)
+    for _ in range(15):
+        assert d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,)).wait(DEADLINE_S)
+    waiting = d0.launch(sleep_ms, grid=(1,), block=(1,), args=(0,))
+    assert len(d0.queues[0].backlog) == 1 and d0.queues[0]._short_of_kernargs
+    g.open()
+    assert waiting.wait(DEADLINE_S), "the launch waiting for kernarg room never ran"
+    assert waiting.exception() is None
+    retire_the_rest(rt)

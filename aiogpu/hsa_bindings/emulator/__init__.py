@@ -16,7 +16,7 @@ in the caller once the call has returned. Any other ``BaseException`` raised ins
 
 Behaviour follows ROCr (see the module of each part): ``agents``, ``memory``, ``signals``,
 ``queues`` + ``packet_processor`` + ``dispatch`` + ``compute_units``, ``code_objects``, ``sdma``,
-``events``; ``faults`` injects failures and ``timeline`` records what ran.
+``events``, ``async_handlers``; ``faults`` injects failures and ``timeline`` records what ran.
 
 Beyond the HSA functions, for tests and tools:
 - ``faults``: FaultInjector (eager, queue_error_at, memory_fault_at, lose_completion_at,
@@ -52,6 +52,7 @@ from .. import types as T
 from ..prototypes import PROTOTYPES
 from ._abi import UINT32_MAX, StatusError, address_of, require, store_handle, store_out
 from .agents import QUEUE_MAX_SIZE, QUEUE_MIN_SIZE, Agent, AgentTable, StatusStrings, agent_info, system_info
+from .async_handlers import AsyncHandlers
 from .code_objects import CodeObjects
 from .compute_units import ComputeUnits
 from .context import Context
@@ -167,6 +168,7 @@ class _State:
         self.evicted = evicted      # the emulated process's evicted GPUs (the library's: outlives this)
         self.queues = QueueTable()
         self.copies = copies
+        self.async_handlers = AsyncHandlers(ctx.name, ctx.report_bug)
         # ROCr's loader does not copy a code object read from memory: the reader keeps the
         # caller's pointer and every loaded code object's link-map entry (r_debug, a
         # memory://<pid>#offset=&size= URI that debuggers and profilers read) names it until
@@ -190,6 +192,7 @@ class _State:
 
     def close(self) -> None:
         """Stop and join every thread, then release signals, queue memory and allocations."""
+        self.async_handlers.shutdown()
         queues = self.queues.all()
         for q in queues:
             q.processor.request_stop()
@@ -550,6 +553,23 @@ class EmulatedLibrary:
         if satisfying_value:
             satisfying_value[0] = found[1]
         return found[0]
+
+    @hsa_function
+    def hsa_amd_signal_async_handler(self, signal: T.hsa_signal_t, cond: int, value: int, handler: Any,
+                                     arg: Any) -> int:
+        """ROCr's checks (hsa_ext_amd.cpp): a handler, a live signal, and one with an interrupt
+        event (INVALID_SIGNAL otherwise: ROCr's events thread sleeps on events); then the
+        handler runs on the emulator's events thread (see async_handlers). ROCr does not check
+        the condition; the emulator refuses an unknown one (INVALID_ARGUMENT), which ROCr would
+        never call."""
+        state = self._require_state()
+        require(handler, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL handler")
+        target = state.ctx.signals.get(signal.handle)
+        require(target.interrupt, T.HSA_STATUS_ERROR_INVALID_SIGNAL, "not an interrupt signal")
+        require(cond in (T.HSA_SIGNAL_CONDITION_EQ, T.HSA_SIGNAL_CONDITION_NE, T.HSA_SIGNAL_CONDITION_LT,
+                         T.HSA_SIGNAL_CONDITION_GTE), T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"condition {cond}")
+        state.async_handlers.register(target, int(cond), int(value), handler, arg)
+        return T.HSA_STATUS_SUCCESS
 
     # ---- queues ------------------------------------------------------------------------------
     @hsa_function
