@@ -20,6 +20,7 @@ import ctypes
 import functools
 import itertools
 import struct
+import weakref
 from collections import deque
 from typing import Any
 
@@ -159,8 +160,6 @@ class AqlQueue:
         self._marks: dict[int, tuple] = {}
         self._room_signals: list[int] = []
         self._short_of_kernargs = False
-        self._tokens = itertools.count(1)
-        self._room_handler = T.signal_handler_t(self._on_room_from_driver)
         self._callback = T.queue_error_callback_t(self._on_error_from_driver)
         self._create()
         try:
@@ -209,6 +208,8 @@ class AqlQueue:
         handler without calling it)."""
         self._destroy_queue()
         signals = [*self._room_signals, *(entry[0] for entry in self._marks.values())]
+        for token in self._marks:
+            _ROOM_QUEUES.pop(token, None)
         self._room_signals, self._marks = [], {}
         for handle in signals:
             self.api.hsa_signal_destroy(T.hsa_signal_t(handle))
@@ -285,10 +286,10 @@ class AqlQueue:
         signal = self._room_signals.pop()
         try:
             self.api.hsa_signal_store_screlease(T.hsa_signal_t(signal), 1)
-            token = next(self._tokens)
+            token = next(_TOKENS)
             struct.pack_into("<Q", blob, len(blob) - P.PACKET_SIZE + COMPLETION_SIGNAL_OFFSET, signal)
             self.api.check(self.api.hsa_amd_signal_async_handler(
-                T.hsa_signal_t(signal), T.HSA_SIGNAL_CONDITION_LT, 1, self._room_handler, token),
+                T.hsa_signal_t(signal), T.HSA_SIGNAL_CONDITION_LT, 1, _ROOM_HANDLER, token),
                 f"hsa_amd_signal_async_handler({self.name})")
         except BaseException:
             self._room_signals.append(signal)
@@ -296,6 +297,7 @@ class AqlQueue:
                 self.kernarg.free(entry)
             raise
         # Registered: from here the handler's event returns the signal (``_room_event``).
+        _ROOM_QUEUES[token] = self
         self._marks[token] = (signal, self.generation, [], main, None)
         try:
             first = self._write(blob, headers)
@@ -307,14 +309,6 @@ class AqlQueue:
         self._marks[token] = (signal, self.generation, kernargs, main, (first, first + len(headers) - 1))
         if part is not None:
             self._record_marks(part, first)
-
-    def _on_room_from_driver(self, _value: int, token: int | None) -> bool:
-        # ROCr's events thread: hand over to the waiter, nothing more; one-shot (False).
-        try:
-            self.hub.post_event(functools.partial(self._room_event, token))
-        except Exception:  # noqa: BLE001 - the runtime is closing: nothing left to drain
-            pass
-        return False
 
     def _room_event(self, token: int | None) -> None:
         """The waiter's event for a completed room mark: its signal and kernel arguments are
@@ -600,6 +594,27 @@ class AqlQueue:
 
     def __repr__(self) -> str:
         return f"<AqlQueue {self.name} size={self.size} backlog={len(self.backlog)}>"
+
+
+# The room marks' handler: one C callback for every queue, alive as long as the process, since
+# ROCr's events thread may still be calling it for a mark whose queue is being destroyed; it
+# finds the queue by the mark's token (a weak reference: a queue gone has nothing to drain).
+_TOKENS = itertools.count(1)
+_ROOM_QUEUES: "weakref.WeakValueDictionary[int, AqlQueue]" = weakref.WeakValueDictionary()
+
+
+def _on_room_from_driver(_value: int, token: int | None) -> bool:
+    # ROCr's events thread: hand over to the waiter, nothing more; one-shot (False).
+    queue = _ROOM_QUEUES.pop(token, None) if token is not None else None
+    if queue is not None:
+        try:
+            queue.hub.post_event(functools.partial(queue._room_event, token))
+        except Exception:  # noqa: BLE001 - the runtime is closing: nothing left to drain
+            pass
+    return False
+
+
+_ROOM_HANDLER = T.signal_handler_t(_on_room_from_driver)
 
 
 def _caused_by(cause: BaseException, err: GPUError) -> GPUError:
