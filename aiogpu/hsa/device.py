@@ -31,7 +31,7 @@ class HsaDevice(Device):
         for queue in self.queues:          # lanes in the core's sense
             queue.device, queue.kind = self, "compute"
         self._set_compute_lanes(self.queues)
-        self.engines = CopyEngines(runtime.api, agent, self.name)
+        self.engines = CopyEngines(runtime.api, agent, self.name, runtime._crowded)
 
     # -- hooks: memory -------------------------------------------------------------------------
     def _raw_alloc(self, size: int) -> int:

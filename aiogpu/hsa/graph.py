@@ -328,8 +328,7 @@ class HsaGraphExec(GraphExec):
         done: list = []
         try:
             name = dev.engines.submit(engine, ptr(dst, "dst"), dst_agent, ptr(src, "src"), src_agent,
-                                      dst.nbytes, [w.signal for w in waits], fut.signal, done,
-                                      self.runtime._crowded())
+                                      dst.nbytes, [w.signal for w in waits], fut.signal, done)
         except GPUError:
             # Any other failure of the copy call: by now this replay's futures exist and its
             # other parts run, waiting on this node's signal; raising would leave them pending

@@ -22,7 +22,7 @@ import itertools
 import struct
 import weakref
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import DeviceLost, GPUError
 from ..hsa_bindings import atomics
@@ -269,20 +269,18 @@ class AqlQueue:
         packets = barrier_and_packets([], 0, barrier=self._short_of_kernargs)
         blob = bytearray(bytes(packets[0][0]))
         try:
-            self._write_marked(blob, [packets[0][1]], None, None, [])
+            self._write_marked(blob, [packets[0][1]])
         except Exception as exc:  # noqa: BLE001 - nothing would drain the back-log: start afresh
             err = GPUError(f"queue {self.name}: could not publish a room mark: {exc}", queue=self.name)
             err.__cause__ = exc
-            failed = self.abort(err)
-            if not self._unsent:
-                self.hub.post_event(self._report_unsent)
-            self._unsent += failed
+            self._post_failed(self.abort(err))
 
-    def _write_marked(self, blob: bytearray, headers: list[int], main: GPUFuture | None,
-                      part: PacketGroup | None, kernargs: list) -> None:
-        """Publish ``blob`` (whose last packet is a barrier) with one of the queue's room
-        signals as the last packet's completion signal and the handler on it (under lock;
-        room checked by the caller, a room signal free)."""
+    def _write_marked(self, blob: bytearray, headers: list[int], part: PacketGroup | None = None) -> None:
+        """Publish ``blob`` (whose last packet is a barrier: a room mark, or the end of
+        ``part``) with one of the queue's room signals as the last packet's completion signal
+        and the handler on it (under lock; room checked by the caller, a room signal free). A
+        part's kernel arguments (placed) are freed when its mark completes."""
+        main, kernargs = (part.future, self._kernargs.pop(part, [])) if part is not None else (None, [])
         signal = self._room_signals.pop()
         try:
             self.api.hsa_signal_store_screlease(T.hsa_signal_t(signal), 1)
@@ -293,8 +291,7 @@ class AqlQueue:
                 f"hsa_amd_signal_async_handler({self.name})")
         except BaseException:
             self._room_signals.append(signal)
-            for entry in kernargs:
-                self.kernarg.free(entry)
+            self._free_kernargs(kernargs)
             raise
         # Registered: from here the handler's event returns the signal (``_room_event``).
         _ROOM_QUEUES[token] = self
@@ -302,25 +299,22 @@ class AqlQueue:
         try:
             first = self._write(blob, headers)
         except BaseException:
-            for entry in kernargs:
-                self.kernarg.free(entry)
+            self._free_kernargs(kernargs)
             self.api.hsa_signal_store_screlease(T.hsa_signal_t(signal), 0)   # no-ops: fire it now
             raise
         self._marks[token] = (signal, self.generation, kernargs, main, (first, first + len(headers) - 1))
         if part is not None:
             self._record_marks(part, first)
 
-    def _room_event(self, token: int | None) -> None:
+    def _room_event(self, token: int) -> None:
         """The waiter's event for a completed room mark: its signal and kernel arguments are
         free again; publish what now fits."""
         with self.hub.lock:
             entry = self._marks.pop(token, None)
             if entry is None:
                 return
-            signal, _generation, kernargs, _main, _span = entry
-            self._room_signals.append(signal)
-            for item in kernargs:
-                self.kernarg.free(item)
+            self._room_signals.append(entry[0])
+            self._free_kernargs(entry[2])
             self.drain()
 
     def _publish(self, group: PacketGroup, refuse: bool = False) -> bool:
@@ -340,19 +334,22 @@ class AqlQueue:
                 err.__cause__ = exc
         if refuse:
             raise err
-        self._report(err, [group], runs=group.part)
+        self._report(err, group, runs=group.part)
         return True
 
-    def _report(self, err: GPUError, groups: list, *, runs: bool) -> None:
-        """Report ``groups``' futures failed with ``err``: none of their packets runs (no-ops
-        at most), except that a part's group future (``runs``) still completes with the group's
+    def _report(self, err: GPUError, group: PacketGroup, *, runs: bool) -> None:
+        """Report ``group``'s futures failed with ``err``: none of its packets runs (no-ops at
+        most), except that a part's group future (``runs``) still completes with the group's
         last part. To the core through the waiter (the caller may be an encode, or the waiter
         retiring what made room)."""
+        self._post_failed([(group.future, err, runs), *((f, err, False) for f, _ in group.marks)])
+
+    def _post_failed(self, failed: list) -> None:
+        """Hand ``failed`` (a failure report) to the core through the waiter (``_report_unsent``,
+        posted once for what gathers before it runs)."""
         if not self._unsent:
             self.hub.post_event(self._report_unsent)
-        for group in groups:
-            self._unsent.append((group.future, err, runs))
-            self._unsent += [(fut, err, False) for fut, _ in group.marks]
+        self._unsent += failed
 
     def _report_unsent(self) -> list:
         """The failure report of the groups ``_publish`` could not publish (a waiter event)."""
@@ -412,13 +409,12 @@ class AqlQueue:
             return False
         self._short_of_kernargs = False
         if group.part:
-            self._write_marked(group.blob, group.headers, group.future, group, self._kernargs.pop(group, []))
+            self._write_marked(group.blob, group.headers, group)
             return True
         try:
             first = self._write(group.blob, group.headers)
         except BaseException:
-            for entry in self._kernargs.pop(group.future, ()):
-                self.kernarg.free(entry)
+            self._free_kernargs(self._kernargs.pop(group.future, ()))
             raise
         self.inflight[group.future] = (first, first + n - 1)
         group.future.packet = first + n - 1
@@ -493,9 +489,12 @@ class AqlQueue:
         their kernel arguments, and publish what now fits (which may be waiting for exactly
         that room)."""
         self.inflight.pop(fut, None)
-        for entry in self._kernargs.pop(fut, ()):
-            self.kernarg.free(entry)
+        self._free_kernargs(self._kernargs.pop(fut, ()))
         self.drain()
+
+    def _free_kernargs(self, entries: Any) -> None:
+        for entry in entries:
+            self.kernarg.free(entry)
 
     # -- errors --------------------------------------------------------------------------------
     def _on_error_from_driver(self, status: int, _queue: Any, _data: Any) -> None:
@@ -605,7 +604,7 @@ _ROOM_QUEUES: "weakref.WeakValueDictionary[int, AqlQueue]" = weakref.WeakValueDi
 
 def _on_room_from_driver(_value: int, token: int | None) -> bool:
     # ROCr's events thread: hand over to the waiter, nothing more; one-shot (False).
-    queue = _ROOM_QUEUES.pop(token, None) if token is not None else None
+    queue = _ROOM_QUEUES.pop(token, None)
     if queue is not None:
         try:
             queue.hub.post_event(functools.partial(queue._room_event, token))
@@ -671,14 +670,15 @@ class CopyEngines:
     copy is published, so the device frees ROCr's queue on its own and a spin ends. Once some
     queue has one, a copy may wait on the device for back-logged work that only the waiter,
     taking that lock, publishes: a full ROCr queue would spin for good. So, while any queue of
-    the runtime has a back-log (``crowded``), a device takes no more than ``ROCR_COPY_ROOM``
+    the runtime has a back-log (``crowded``, asked only past the room), a device takes no more than ``ROCR_COPY_ROOM``
     packets of ROCr's queues with its unretired copies (a copy counts 2 packets plus a barrier
     packet per five dependencies, as ROCr writes it); past that ``submit`` answers None and the
     copy is a shader copy on an aiogpu queue, whose back-log never blocks.
     """
 
-    def __init__(self, api: Any, agent: Any, name: str):
+    def __init__(self, api: Any, agent: Any, name: str, crowded: Callable[[], bool]):
         self.api, self.agent, self.name = api, agent, name
+        self._crowded = crowded                            # any queue of the runtime back-logged
         self._next = 0
         self.seen: dict[tuple[int, int], set[int]] = {}   # direction -> engines reported free for it
         self.used: set[int] = set()                        # engines this device submitted to
@@ -751,20 +751,20 @@ class CopyEngines:
         return engine
 
     def submit(self, engine: int, dst: int, dst_agent: Any, src: int, src_agent: Any, nbytes: int,
-               deps: list[int], completion: int, cleanup: list, crowded: bool) -> str | None:
+               deps: list[int], completion: int, cleanup: list) -> str | None:
         """Start the copy on ``engine`` (``ROCR_CHOICE``: on the blit ROCr picks); its name, or
         None (run a shader copy instead) if the engines were lost to a memory fault (a graph
         chose ``engine`` before), ROCr's queues have no room this device may take while the
-        runtime is ``crowded`` (see the class docstring), ROCr reports OUT_OF_RESOURCES, or it refused ``engine`` for this
-        direction. What gives its room back once it has retired goes to ``cleanup``. Raises
-        HsaError for any other failure."""
+        runtime is crowded (see the class docstring), ROCr reports OUT_OF_RESOURCES, or it
+        refused ``engine`` for this direction. What gives its room back once it has retired
+        goes to ``cleanup``. Raises HsaError for any other failure."""
         if self.lost:
             return None
         direction = (dst_agent.handle, src_agent.handle)
         if (*direction, engine) in self.refused:
             return None
         room = 2 + (len(deps) + 4) // 5
-        if crowded and self.room_in_use + room > ROCR_COPY_ROOM:
+        if self.room_in_use + room > ROCR_COPY_ROOM and self._crowded():
             return None
         name = self._submit(engine, dst, dst_agent, src, src_agent, nbytes, deps, completion, direction)
         if name is not None:

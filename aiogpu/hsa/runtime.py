@@ -251,8 +251,7 @@ class HsaRuntime(Runtime):
         signals = [d.signal for d in waits]
         try:
             name = device.engines.submit(lane, op.dst.ptr, self._agent_of(op.dst), op.src.ptr,
-                                         self._agent_of(op.src), op.nbytes, signals, fut.signal, cleanup,
-                                         self._crowded())
+                                         self._agent_of(op.src), op.nbytes, signals, fut.signal, cleanup)
         except GPUError as exc:
             err = GPUError(f"{op.label}: {exc}", status=exc.status, queue=device.name)
             err.__cause__ = exc

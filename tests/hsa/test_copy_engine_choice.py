@@ -33,7 +33,7 @@ def test_an_engine_refused_for_a_direction_is_never_picked_for_it_again(make_run
     assert engine in engines.proven
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy_on_engine",
                         lambda *args: T.HSA_STATUS_ERROR_INVALID_ARGUMENT)
-    assert engines.submit(engine, 0, dst, 0, src, 8, [], 0, [], False) is None     # refused: a shader copy
+    assert engines.submit(engine, 0, dst, 0, src, 8, [], 0, []) is None     # refused: a shader copy
     monkeypatch.setattr(engines, "free_engines", lambda dst_agent, src_agent: [])   # all busy now
     assert engines.may_take(dst, src) is False
     assert engines.pick(dst, src) is None
@@ -45,7 +45,7 @@ def test_a_failed_copy_call_raises_an_error_naming_it(make_runtime, monkeypatch)
     engine = engines.pick(dst, src)
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy_on_engine", lambda *args: T.HSA_STATUS_ERROR)
     with pytest.raises(HsaError, match="hsa_amd_memory_async_copy_on_engine") as got:
-        engines.submit(engine, 0, dst, 0, src, 8, [], 0, [], False)
+        engines.submit(engine, 0, dst, 0, src, 8, [], 0, [])
     assert got.value.status == T.HSA_STATUS_ERROR
 
 

@@ -28,22 +28,23 @@ def test_copies_past_the_room_are_refused_and_retirement_gives_the_room_back(mak
     back."""
     rt = make_runtime(gpus=1)
     engines, dst, src = _h2d(rt)
+    monkeypatch.setattr(engines, "_crowded", lambda: True)      # some queue has a back-log
     calls = []
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy", lambda *args: calls.append(args) or 0)
     cleanups: list = []
     for _ in range(Q.ROCR_COPY_ROOM // 2 - 1):
-        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is not None
+        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is not None
     assert engines.room_in_use == Q.ROCR_COPY_ROOM - 2
     deps = list(range(1, 7))                       # six dependencies: 2 barrier packets more
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, cleanups, True) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, cleanups) is None
     assert len(calls) == Q.ROCR_COPY_ROOM // 2 - 1, "ROCr was called for a copy without room"
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is not None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is not None
     assert engines.room_in_use == Q.ROCR_COPY_ROOM
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is None
     for done in cleanups[:3]:
         done()
     assert engines.room_in_use == Q.ROCR_COPY_ROOM - 6
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, [], True) is not None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, deps, 0, []) is not None
 
 
 def test_without_a_back_log_anywhere_copies_are_not_held_to_the_room(make_runtime, monkeypatch):
@@ -53,20 +54,22 @@ def test_without_a_back_log_anywhere_copies_are_not_held_to_the_room(make_runtim
     engines, dst, src = _h2d(rt)
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy", lambda *args: 0)
     cleanups: list = []
-    for _ in range(Q.ROCR_COPY_ROOM):
-        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, False) is not None
-    assert engines.room_in_use == 2 * Q.ROCR_COPY_ROOM
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is None
     assert rt._crowded() is False
+    for _ in range(Q.ROCR_COPY_ROOM):
+        assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is not None
+    assert engines.room_in_use == 2 * Q.ROCR_COPY_ROOM
+    monkeypatch.setattr(engines, "_crowded", lambda: True)      # a back-log comes
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is None
 
 
 def test_a_copy_that_fails_in_rocr_takes_no_room(make_runtime, monkeypatch):
     rt = make_runtime(gpus=1)
     engines, dst, src = _h2d(rt)
+    monkeypatch.setattr(engines, "_crowded", lambda: True)
     monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy",
                         lambda *args: aiogpu.hsa_bindings.types.HSA_STATUS_ERROR_OUT_OF_RESOURCES)
     cleanups: list = []
-    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups, True) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is None
     assert engines.room_in_use == 0 and cleanups == []
 
 

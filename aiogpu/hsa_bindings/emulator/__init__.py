@@ -63,7 +63,7 @@ from .memory import MemoryManager
 from .packet_processor import PacketProcessor, QueueErrorRecord
 from .queues import Queue, QueueTable
 from .sdma import HISTORY_RECORDS, MAX_XGMI_ENGINES, CopyEngines, CopyRecord
-from .signals import EVENT_LIMIT, Signal, SignalTable, timeout_seconds
+from .signals import CONDITIONS, EVENT_LIMIT, Signal, SignalTable, timeout_seconds
 from .timeline import DEFAULT_CAPACITY, Timeline, TimelineRecord
 
 __all__ = ["EmulatedLibrary", "ApiError", "FaultInjector", "FaultRecord", "MemoryFault", "MemoryFaultRecord",
@@ -566,8 +566,7 @@ class EmulatedLibrary:
         require(handler, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, "NULL handler")
         target = state.ctx.signals.get(signal.handle)
         require(target.interrupt, T.HSA_STATUS_ERROR_INVALID_SIGNAL, "not an interrupt signal")
-        require(cond in (T.HSA_SIGNAL_CONDITION_EQ, T.HSA_SIGNAL_CONDITION_NE, T.HSA_SIGNAL_CONDITION_LT,
-                         T.HSA_SIGNAL_CONDITION_GTE), T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"condition {cond}")
+        require(cond in CONDITIONS, T.HSA_STATUS_ERROR_INVALID_ARGUMENT, f"condition {cond}")
         state.async_handlers.register(target, int(cond), int(value), handler, arg)
         return T.HSA_STATUS_SUCCESS
 

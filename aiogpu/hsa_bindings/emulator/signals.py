@@ -296,7 +296,7 @@ class SignalTable:
                  timeout: float | None) -> tuple[int, int] | None:
         """(index, value) of the first satisfied signal, (UINT32_MAX, 0) if a signal before it is
         destroyed (or a condition is unknown), None on timeout (ROCr: Signal::WaitAny)."""
-        if any(c not in _CONDITIONS for c in conds):
+        if any(c not in CONDITIONS for c in conds):
             return UINT32_MAX, 0
 
         def first_satisfied() -> tuple[int, int] | None:
@@ -330,5 +330,5 @@ class SignalTable:
         self._free.extend(range(base, base + SLAB_BYTES, SIGNAL_SIZE))
 
 
-_CONDITIONS = (T.HSA_SIGNAL_CONDITION_EQ, T.HSA_SIGNAL_CONDITION_NE, T.HSA_SIGNAL_CONDITION_LT,
+CONDITIONS = (T.HSA_SIGNAL_CONDITION_EQ, T.HSA_SIGNAL_CONDITION_NE, T.HSA_SIGNAL_CONDITION_LT,
                T.HSA_SIGNAL_CONDITION_GTE)
