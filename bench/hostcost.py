@@ -1,6 +1,8 @@
-"""Host cost per operation, without a profiler's distortion, for four shapes of work:
+"""Host cost per operation, without a profiler's distortion, for five shapes of work:
 
 - ``submit``: ``dev.launch`` of a no-op kernel, nothing awaited;
+- ``submit_loop``: the same from a coroutine on a running uvloop (as a service submits: the
+  SIGINT hold's handler swap is paid once per loop iteration there, not per launch);
 - ``await1``: one task awaiting each launch in turn (uvloop);
 - ``buffers``: launches with two buffer arguments (the hazard path), nothing awaited;
 - ``service``: what bench/serve.py's handler does, minus aiohttp: two allocs, an upload from a
@@ -64,7 +66,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SHAPES = ("submit", "await1", "buffers", "service")
+SHAPES = ("submit", "submit_loop", "await1", "buffers", "service")
 SERVICE_PARTS = ("service_allocs", "service_upload", "service_launch")
 ALL_SHAPES = SHAPES + SERVICE_PARTS
 NOOP_CUDA = 'extern "C" __global__ void noop(unsigned n) {}'
@@ -96,6 +98,12 @@ def make_shapes(rt) -> dict:
     def submit(n: int) -> None:
         futs = [dev.launch(k, (1,), (1,), (0,)) for _ in range(n)]
         futs[-1].wait(60)
+
+    def submit_loop(n: int) -> None:
+        async def go() -> None:
+            futs = [dev.launch(k, (1,), (1,), (0,)) for _ in range(n)]
+            await futs[-1]
+        uvloop.run(go())
 
     def await1(n: int) -> None:
         async def go() -> None:
@@ -131,7 +139,7 @@ def make_shapes(rt) -> dict:
             uvloop.run(go())
         return run
 
-    return {"submit": submit, "await1": await1, "buffers": buffers, "service": service_up_to(4),
+    return {"submit": submit, "submit_loop": submit_loop, "await1": await1, "buffers": buffers, "service": service_up_to(4),
             **{name: service_up_to(stage) for stage, name in enumerate(SERVICE_PARTS, 1)}}
 
 
