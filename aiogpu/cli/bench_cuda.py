@@ -265,7 +265,7 @@ def call_costs(rt: Any, raw: Raw) -> dict:
         saved, saved_lanes = D.HOT, [lane.hot for lane in dev.lanes]
         D.HOT = hot
         for lane in dev.lanes:
-            lane.hot = hot
+            lane.use_hot(hot)
         try:
             futs, t = [], time.perf_counter()
             for _ in range(2000):
@@ -275,7 +275,7 @@ def call_costs(rt: Any, raw: Raw) -> dict:
         finally:
             D.HOT = saved
             for lane, lane_hot in zip(dev.lanes, saved_lanes):
-                lane.hot = lane_hot
+                lane.use_hot(lane_hot)
 
     # The same submissions from a coroutine: on a running loop the Ctrl-C hold's handler swap
     # happens once per loop iteration, not twice per launch (``aiogpu._core.interrupts``).

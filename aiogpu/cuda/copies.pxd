@@ -3,7 +3,7 @@ cimport cython
 from aiogpu._core.copies cimport CopyOp, CopySide
 from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.state cimport RuntimeState
-from aiogpu.cuda.encode cimport Lane, enter_lane, lane_completes
+from aiogpu.cuda.encode cimport Lane, direct_memcpy, enter_lane, lane_completes
 
 @cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint, mapped=bint)
 cpdef object encode_copy(object self, object fut, CopyOp op, object lane, object waits, list cleanup)

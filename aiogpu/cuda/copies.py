@@ -16,6 +16,8 @@ try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
 except ImportError:            # interpreted, where Cython is not installed (see _core/interrupts.py)
     globals()["cython"] = type("cython", (), {"compiled": False})
+if not cython.compiled:
+    direct_memcpy: Any = None      # (the .pxd's C function: a lane's own copy call, ``Lane.direct``)
 
 _driver: Any = None          # aiogpu.cuda.driver, once a copy is encoded
 
@@ -67,7 +69,11 @@ def memcpy_on_lane(runtime: Any, fut: Any, lane: Lane, dptr: int, sptr: int, nby
     code = enter_lane(lane.device, lane, waits)
     word = lane.fused_word
     ticket = lane.ticket + 1
-    if not code:
+    if code:
+        pass
+    elif cython.compiled and lane.direct:
+        code = direct_memcpy(lane, dptr, sptr, nbytes, word, ticket if word else 0)
+    else:
         code = lane.hot.memcpy(dptr, sptr, nbytes, lane.sh, word, ticket if word else 0)
     lane_completes(runtime, fut, lane, cleanup, code, word, ticket)
     fut.on_complete, fut.staging = on_complete, staging

@@ -97,10 +97,17 @@ class HotPath:
     (``cuStreamWriteValue64``), only if the work was queued; the result is then the first
     failure of the two calls. Implementations: ``_CHot`` (the C extension) and
     ``_BindingsHot`` (cuda-bindings, the fallback); both call the same entry points and
-    return the same codes. ``write_path`` names how the completion word is written (stats)."""
+    return the same codes. ``write_path`` names how the completion word is written (stats).
+
+    ``direct``: where compiled code may call the driver itself in this path's place, with the
+    GIL held, the addresses of ``cuLaunchKernel``, ``cuMemcpyAsync``, ``cuStreamWriteValue64``
+    and ``cuStreamWaitValue64`` as this path calls them (the lane's launch, copy, word write
+    and cross-lane wait then cost no Python call: ``encode.Lane.use_hot``); None where every
+    call must go through the methods."""
 
     name = "abstract"
     write_path = "none"
+    direct: tuple[int, int, int, int] | None = None
 
     def launch(self, func: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shmem: int,
                stream: int, params: int, word: int = 0, ticket: int = 0) -> int:
@@ -256,8 +263,14 @@ class _CHot(HotPath):
             entry_points = driver_entry_points()
         _hotc.init(*(int(entry_points.get(key) or 0) for key, _ in C_ENTRY_POINTS))
         # The GIL stays held in the calls unless AIOGPU_HOTC_RELEASE_GIL=1 (see _hotc.c).
-        _hotc.set_release_gil(os.environ.get("AIOGPU_HOTC_RELEASE_GIL", "") == "1")
+        release_gil = os.environ.get("AIOGPU_HOTC_RELEASE_GIL", "") == "1"
+        _hotc.set_release_gil(release_gil)
         self.module = _hotc
+        # The same entry points for the compiled launch and copy (``HotPath.direct``): only
+        # with the GIL held, as _hotc calls them, and only where all four are set (an unset
+        # one raises RuntimeError through the method instead).
+        d = [int(entry_points.get(key) or 0) for key in ("launch", "memcpy", "write64", "wait64")]
+        self.direct = None if release_gil or not all(d) else (d[0], d[1], d[2], d[3])
         # The C functions as instance attributes, named as the interface's methods: a call is
         # one C call, no Python frame in between.
         for key, _ in C_ENTRY_POINTS:

@@ -38,6 +38,12 @@ if not cython.compiled:
             _tls.id = me = next(_thread_ids)
             return me
 
+    # The .pxd's C functions of a lane's own driver calls (``Lane.direct``, never true here).
+    set_direct: Any = None
+    direct_launch: Any = None
+    direct_wait64: Any = None
+    pack_direct: Any = None
+
 # The thread that made a context current last, and that context's device (``make_current``):
 # a launch from that thread on that device needs no look at the thread-local record. (Any other
 # thread, or device, takes the look; ``forget_current`` clears it.) One pair, which only its
@@ -88,10 +94,15 @@ class Lane:
     the submission writes the word itself or records an event: the lane has no word (events),
     or the runtime records an event per operation (``event_waits``), which goes between the
     work and the word. ``CudaRuntime._encode_on_lane`` applies it, to operations that are one
-    launch or copy call (``fusable``); the rest get the separate write."""
+    launch or copy call (``fusable``); the rest get the separate write.
+
+    ``direct``: compiled, where the hot path gives its entry points (``HotPath.direct``), the
+    lane's launch, copy and cross-lane wait call them itself, in C, with the same arguments and
+    results as the hot path's methods; otherwise, and always interpreted, they call the methods.
+    ``use_hot`` sets both."""
 
     __slots__ = ("name", "device", "stream", "ticket", "armed", "wanted", "pending", "kind", "word", "dptr",
-                 "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq")
+                 "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq", "direct")
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
         from . import driver as D
@@ -106,7 +117,7 @@ class Lane:
 
     def _attach(self, device: Any, name: str, kind: str, stream: Any) -> None:
         from . import driver as D
-        self.hot = D.HOT                 # (the hot path the runtime was made with)
+        self.use_hot(D.HOT)              # (the hot path the runtime was made with)
         self.wait_geq = D.WAIT_GEQ
         self.device, self.name, self.kind = device, name, kind
         self.stream = stream
@@ -124,6 +135,13 @@ class Lane:
             self.word = ctypes.c_uint64.from_address(host)
             self.wordp = int(self.dptr)
         self.fused_word = 0 if device.runtime.event_waits else self.wordp
+
+    def use_hot(self, hot: Any) -> None:
+        """Make the lane's driver calls through ``hot`` (a ``driver.HotPath``) from now on."""
+        self.hot = hot
+        self.direct = False
+        if cython.compiled:
+            set_direct(self, hot.direct)
 
     @property
     def handle(self) -> int:
@@ -220,6 +238,8 @@ def wait_on_device(lane: Lane, waits: Any) -> int:
         if dep.ticket > (other.word.value if other.word is not None else 0):
             if dep.event is not None:
                 code = hot.wait_event(stream, dep.event)
+            elif cython.compiled and lane.direct:
+                code = direct_wait64(lane, other.wordp, dep.ticket)
             else:
                 code = hot.wait64(stream, other.wordp, dep.ticket, lane.wait_geq)
             if code:
@@ -242,9 +262,12 @@ class LoadedCudaKernel:
         self.kernel, self.func, self.module = kernel, func, module
         self.handle = int(func)     # the CUfunction as an int, the hot path's handle
         self.writes = kernel.writes
-        self.fmt, self.offsets, self.size = layout(kernel.args)
+        fmt, offsets, self.size = layout(kernel.args)
+        self.fmt, self.offsets = fmt, tuple(offsets)
+        # (each argument's struct format character, for the compiled pack: ``pack_direct``)
+        self.kinds = "".join(c for c in fmt[1:] if c != "x").encode("ascii")
         self._block = ctypes.create_string_buffer(max(self.size, 8))
-        base = ctypes.addressof(self._block)
+        self.base = base = ctypes.addressof(self._block)
         self._ptrs = (ctypes.c_void_p * max(len(self.offsets), 1))(*[base + o for o in self.offsets])
         self.params = ctypes.addressof(self._ptrs) if self.offsets else 0
         self._pack = struct.Struct(self.fmt).pack_into
@@ -255,7 +278,10 @@ class LoadedCudaKernel:
     def pack(self, values: Sequence[Any]) -> int:
         """Write ``values`` into the shared block; the ``kernelParams`` address."""
         if self.offsets:
-            self._pack(self._block, 0, *values)
+            if cython.compiled:
+                pack_direct(self, values)
+            else:
+                self._pack(self._block, 0, *values)
         return self.params
 
     def packed_copy(self, values: Sequence[Any]) -> tuple[int, list]:
@@ -324,11 +350,18 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
         loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz = gx, gy, gz, bx, by, bz
         loaded.grid, loaded.block = grid, block
     if loaded.offsets:
-        loaded._pack(loaded._block, 0, *values)
+        if cython.compiled:
+            pack_direct(loaded, values)
+        else:
+            loaded._pack(loaded._block, 0, *values)
     code = enter_lane(device, lane, waits)
     word = lane.fused_word
     ticket = lane.ticket + 1
-    if not code:
+    if code:
+        pass
+    elif cython.compiled and lane.direct:
+        code = direct_launch(lane, loaded, word, ticket if word else 0)
+    else:
         code = lane.hot.launch(loaded.handle, loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz, 0,
                                lane.sh, loaded.params, word, ticket if word else 0)
     lane_completes(device.runtime, fut, lane, cleanup, code, word, ticket)
