@@ -107,6 +107,8 @@ cdef inline int pack_direct(LoadedCudaKernel k, object values) except -1:
             v = values[i]
             at = base + <Py_ssize_t>offsets[i]
             kind = kinds[i]
+            if kind != 102 and kind != 100 and type(v) is not int:
+                v = v.__index__()               # (as struct takes an integer: floats refused)
             if kind == 81:                      # Q
                 (<unsigned long long *>at)[0] = v
             elif kind == 73:                    # I

@@ -221,6 +221,8 @@ else:
 
 rt = aiogpu.Runtime("cuda", **CONFIG)
 d0 = rt.devices[0]
+import aiogpu.cuda.encode as E                # (compiled, the C path's lanes call the driver themselves)
+assert {lane.direct for lane in d0.lanes} == {IMPL == "c" and E.__file__.endswith(".so")}
 k2 = aiogpu.kernel("f32*, const f32*, u32", cuda='extern "C" __global__ void k2(float* a, const float* b, unsigned n) {}',
                    name="k2")(lambda launch, a, b, n: None)
 x, y = d0.alloc(1024), d0.alloc(1024)

@@ -295,6 +295,9 @@ assert rt.write_path == "c", rt.write_path
 assert "hot path: c" in rt.describe(), rt.describe()
 k = aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}', name="noop")(lambda launch, n: None)
 d0 = rt.devices[0]
+# Compiled, each lane calls these entry points itself (Lane.direct); interpreted, through _CHot.
+import aiogpu.cuda.encode as E
+assert [lane.direct for lane in d0.lanes] == [E.__file__.endswith(".so")] * len(d0.lanes), E.__file__
 async def main():
     buf, other = d0.alloc(1024), d0.alloc(1024)
     for i in range(100):
