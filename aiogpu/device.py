@@ -201,6 +201,7 @@ class Device(DeviceState, DeviceHooks):
         self._kernels: dict[Kernel, Any] = {}
         self._compiling: dict[Kernel, Any] = {}   # compile futures (deferred.Deferred) in flight or failed
         self._shapes: dict[tuple, tuple] = {}
+        self._last_launch = None
 
     def _set_compute_lanes(self, lanes: list) -> None:
         self.compute = list(lanes)

@@ -32,6 +32,7 @@ cdef class DeviceState:
     cdef public object broken
     cdef public dict _kernels
     cdef public dict _shapes
+    cdef public tuple _last_launch
     cdef public object _lane_order
     cdef encode_kernel_fn _encode_kernel_c
 

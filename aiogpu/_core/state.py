@@ -11,6 +11,7 @@ has begun), ``_replaying`` (> 0 while deferred work is being submitted), ``copy_
 
 Device: ``runtime``, ``memory`` (its DeviceMemory), ``broken`` (a GPUError once it is unusable,
 else None), ``_kernels`` (loaded kernels by Kernel), ``_shapes`` (validated launch shapes),
+``_last_launch`` (the last shape the plain launch found: (kernel, grid, block, shape), or None),
 ``_lane_order`` (the compute lanes in the order the lane choice tries them).
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ class RuntimeState:
 class DeviceState:
     """The fields of a device that the core reads per operation (see the module doc)."""
 
-    __slots__ = ("runtime", "memory", "broken", "_kernels", "_shapes", "_lane_order")
+    __slots__ = ("runtime", "memory", "broken", "_kernels", "_shapes", "_last_launch", "_lane_order")
 
     if TYPE_CHECKING:
         runtime: Any
@@ -52,6 +53,7 @@ class DeviceState:
         broken: Any
         _kernels: dict
         _shapes: dict
+        _last_launch: tuple | None
         _lane_order: Any
 
 

@@ -22,7 +22,7 @@ cpdef object pick_lane(DeviceState device, object deps)
 @cython.locals(hub=Hub)
 cpdef int reap(RuntimeState rt) except -1
 
-@cython.locals(rt=RuntimeState, lock=InterruptSafeLock, plan=tuple, n=Py_ssize_t, i=Py_ssize_t, touches=bint, buffers=dict,
+@cython.locals(rt=RuntimeState, lock=InterruptSafeLock, plan=tuple, last=tuple, n=Py_ssize_t, i=Py_ssize_t, touches=bint, buffers=dict,
                deps=dict, shape=tuple, kreads=list, kwrites=list, buf=BufferState)
 cpdef object launch_plain(DeviceState device, object kernel, object grid, object block, object args)
 

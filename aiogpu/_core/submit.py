@@ -158,9 +158,16 @@ def launch_plain(device: Any, kernel: Any, grid: Any, block: Any, args: Any) -> 
     raises."""
     if type(args) is not tuple or type(grid) is not tuple or type(block) is not tuple:
         return None                    # (lists: unhashable, no shape cached)
-    shape = device._shapes.get((kernel, grid, block))
-    if shape is None or not plain_ints(grid) or not plain_ints(block):
-        return None
+    last = device._last_launch
+    if last is not None and last[0] is kernel and last[1] is grid and last[2] is block:
+        # (the same objects as the last plain launch: a service's constant tuples. It holds
+        # them, so they are not freed and their identities not reused; tuples do not change)
+        shape = last[3]
+    else:
+        shape = device._shapes.get((kernel, grid, block))
+        if shape is None or not plain_ints(grid) or not plain_ints(block):
+            return None
+        device._last_launch = (kernel, grid, block, shape)
     plan = shape[2]                    # (kernel.arg_plan, ._reads, ._writes, .name: see Device._launch_shape)
     n = len(args)
     if n != len(plan):

@@ -8,7 +8,7 @@ from aiogpu.cuda.encode cimport Lane, direct_memcpy, enter_lane, lane_completes
 @cython.locals(dst=CopySide, src=CopySide, fusable=bint, foreign=bint, mapped=bint)
 cpdef object encode_copy(object self, object fut, CopyOp op, object lane, object waits, list cleanup)
 
-@cython.locals(code=cython.longlong, ticket=cython.longlong)
+@cython.locals(code=cython.longlong, ticket=cython.longlong, word=cython.ulonglong)
 cpdef memcpy_on_lane(object runtime, GPUFuture fut, Lane lane, object dptr, object sptr, object nbytes, object waits,
                      list cleanup, object on_complete, object staging)
 

@@ -159,13 +159,13 @@ cdef inline int direct_wait64(Lane lane, unsigned long long word, unsigned long 
 @cython.locals(dep=GPUFuture, cur=GPUFuture, other=Lane, newest=dict, code=cython.longlong)
 cpdef long long wait_on_device(Lane lane, object waits) except? -1
 
-@cython.locals(code=cython.longlong, ticket=cython.longlong)
+@cython.locals(code=cython.longlong, ticket=cython.longlong, word=cython.ulonglong)
 cpdef launch_on_lane(object device, GPUFuture fut, Lane lane, LoadedCudaKernel loaded, object grid, object block,
                      object values, object waits, list cleanup)
 
 cpdef long long enter_lane(object device, Lane lane, object waits) except? -1
 
-cpdef lane_completes(object runtime, GPUFuture fut, Lane lane, list cleanup, long long code, object word,
+cpdef lane_completes(object runtime, GPUFuture fut, Lane lane, list cleanup, long long code, unsigned long long word,
                      long long ticket)
 
 cpdef object encode_kernel(object device, object fut, object lane, object loaded, object grid, object block,
