@@ -66,9 +66,13 @@ def test_a_queue_error_gives_its_status_to_the_failed_its_queue_mates_and_its_ba
     assert aiogpu.gather(*(aiogpu.copy(b, np.zeros(N, np.int64)) for b in bufs)).wait(20)
     queue = d0.queues[0]
     # The zero-fills were shader copies on this very ring, behind a room mark or two: start from
-    # an empty ring (the packet processor may not have reached the last mark yet).
+    # an empty ring (the packet processor may not have reached the last mark yet) and from what
+    # they held given back (their kernel arguments are freed when the waiter retires them, after
+    # their futures completed: before that, a launch short of kernarg space is back-logged, and
+    # every later one behind it).
     assert wait_until(lambda: rt.api.hsa_queue_load_read_index_scacquire(queue._q)
                       == rt.api.hsa_queue_load_write_index_relaxed(queue._q), 20)
+    assert rt.leaks(20, buffers=False) == {}
     gate = Gate()
     with rt.lock:       # the queue's error is handled once everything is submitted
         rt.api.emulator.faults.queue_error_at(1, agent=0)     # the first launch's barrier
