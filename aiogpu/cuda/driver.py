@@ -261,7 +261,8 @@ class _CHot(HotPath):
             if not hasattr(cu, "cuGetProcAddress"):
                 raise OSError("the cuda.bindings in use are not the real ones")
             entry_points = driver_entry_points()
-        _hotc.init(*(int(entry_points.get(key) or 0) for key, _ in C_ENTRY_POINTS))
+        points = {key: int(entry_points.get(key) or 0) for key, _ in C_ENTRY_POINTS}
+        _hotc.init(*points.values())
         # The GIL stays held in the calls unless AIOGPU_HOTC_RELEASE_GIL=1 (see _hotc.c).
         release_gil = os.environ.get("AIOGPU_HOTC_RELEASE_GIL", "") == "1"
         _hotc.set_release_gil(release_gil)
@@ -269,8 +270,8 @@ class _CHot(HotPath):
         # The same entry points for the compiled launch and copy (``HotPath.direct``): only
         # with the GIL held, as _hotc calls them, and only where all four are set (an unset
         # one raises RuntimeError through the method instead).
-        d = [int(entry_points.get(key) or 0) for key in ("launch", "memcpy", "write64", "wait64")]
-        self.direct = None if release_gil or not all(d) else (d[0], d[1], d[2], d[3])
+        direct = (points["launch"], points["memcpy"], points["write64"], points["wait64"])
+        self.direct = None if release_gil or not all(direct) else direct
         # The C functions as instance attributes, named as the interface's methods: a call is
         # one C call, no Python frame in between.
         for key, _ in C_ENTRY_POINTS:

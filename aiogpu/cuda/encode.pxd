@@ -76,6 +76,8 @@ cdef class LoadedCudaKernel:
     cdef public object block
     cdef public unsigned int gx, gy, gz, bx, by, bz
 
+    cpdef unsigned long long pack(self, object values) except? 0
+
 
 # The compiled lane's own driver calls (``Lane.direct``), as ``HotPath.launch``, ``memcpy``
 # and ``wait64`` do them: the CUresult, the word written only after queued work.

@@ -349,11 +349,7 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
         (gx, gy, gz), (bx, by, bz) = device.blocks(grid, block)
         loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz = gx, gy, gz, bx, by, bz
         loaded.grid, loaded.block = grid, block
-    if loaded.offsets:
-        if cython.compiled:
-            pack_direct(loaded, values)
-        else:
-            loaded._pack(loaded._block, 0, *values)
+    loaded.pack(values)
     code = enter_lane(device, lane, waits)
     word = lane.fused_word
     ticket = lane.ticket + 1
