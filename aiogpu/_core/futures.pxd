@@ -54,6 +54,10 @@ cdef class GPUFuture:
     cpdef _add_dependent(self, GPUFuture fut)
     cpdef _add_dep_signal(self, key)
 
+@cython.locals(fut=GPUFuture)
+cpdef GPUFuture make_future(object hub, object label, object signal)
+cdef int _setup(GPUFuture fut, object hub, object label, object signal) except -1
+
 @cython.locals(f=GPUFuture)
 cpdef list preds_list(fut)
 

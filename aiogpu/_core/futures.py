@@ -118,49 +118,7 @@ class GPUFuture:
     _cancel_message = None
 
     def __init__(self, hub: Any, label: str = "", signal: int = 0):
-        self._hub: Any = hub    # (None only for futures settled at creation)
-        self._state = PENDING
-        self._exc: BaseException | None = None
-        self.signal = signal            # HSA signal handle (0: not backed by a signal)
-        # Empty (None or ()) until the first entry: fewer objects per future for the garbage
-        # collector to track (a request's futures live across several of its collections).
-        self._ports: dict[Any, list] | None = None
-        self._event: threading.Event | None = None
-        self._callbacks = ()
-        self._cleanup: list[Callable[[], None]] | tuple = ()
-        # Rarely used: an empty tuple until the first entry (fewer objects per future for the
-        # garbage collector to track; see _add_dependent, _add_dep_signal, _on_retire).
-        self._dependents: list[GPUFuture] | tuple = ()
-        self._dep_signals: list[int] | tuple = ()   # signals of other futures that our packets name
-        self.retired = signal == 0          # the device is done with it (resources freed)
-        # Earlier work it was ordered after (what it inherits if it fails without running: see
-        # hazards), an empty tuple until the first (``add_preds``).
-        self.preds: list[GPUFuture] | tuple = ()
-        self._on_retire: list[Callable[[], None]] | tuple = ()   # run once it has retired
-        self._retiring = False              # a failed future waiting for its preds to retire
-        self.label = label
-        self.value: Any = None            # what result() returns (an array for to_numpy)
-        self.kind = ""                    # "dispatch", "copy", "join", "graph" (for traces)
-        self.nbytes = 0                   # bytes moved (copies)
-        self.device: Any = None           # the device whose queue or engine runs it
-        self.queue: str | None = None     # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
-        self.packet: int | None = None    # packet index of the completion packet in that queue
-        self.lane: Any = None             # the backend's lane object (queue, stream) it runs on
-        self.submitted_at = _now()
-        self.keep: list[Any] | tuple = ()  # buffers and host arrays the GPU work uses
-        self.members: list[GPUFuture] | None = None   # a join's members (see Runtime.gather)
-        self.waited = False               # someone waits for it: the waiter wakes for it (hub.arm)
-        # The tasks to which it looks cancelled while pending (see cancel()); usually None.
-        self._views: "weakref.WeakSet[Any] | None" = None
-        # Set by backends that order work on lanes by tickets (CUDA): the ticket on ``lane``,
-        # an event recorded after the work where the lane has no completion word, host steps
-        # that complete it (a bounced download's copy-out), its bounce block, and earlier work
-        # whose host steps must run first.
-        self.ticket = 0
-        self.event: Any = None
-        self.on_complete: list[Callable[[], None]] | None = None
-        self.staging: Any = None
-        self.host_deps: list | None = None
+        _setup(self, hub, label, signal)
 
     # -- state -------------------------------------------------------------------------------
     def done(self) -> bool:
@@ -487,6 +445,60 @@ class GPUFuture:
         state = ("pending", "done", "failed")[self._state]
         where = f" on {self.queue}" if self.queue else ""
         return f"<GPUFuture {self.label or '?'}{where} {state}>"
+
+
+def make_future(hub: Any, label: str, signal: Any) -> GPUFuture:
+    """``GPUFuture(hub, label, signal)`` without ``__init__``'s argument parsing (compiled, the
+    type's allocation and one C call): the hub's per-operation constructor."""
+    fut = GPUFuture.__new__(GPUFuture)
+    _setup(fut, hub, label, signal)
+    return fut
+
+
+def _setup(fut: Any, hub: Any, label: Any, signal: Any) -> int:
+    """A new future's fields (``GPUFuture.__init__``)."""
+    fut._hub = hub                    # (None only for futures settled at creation)
+    fut._state = PENDING
+    fut.signal = signal               # the completion key (an HSA signal handle; 0: none)
+    fut.label = label
+    fut.retired = signal == 0         # the device is done with it (resources freed)
+    fut._retiring = False             # a failed future waiting for its preds to retire
+    fut.waited = False                # someone waits for it: the waiter wakes for it (hub.arm)
+    fut.kind = ""                     # "dispatch", "copy", "join", "graph" (for traces)
+    fut.nbytes = 0                    # bytes moved (copies)
+    fut.submitted_at = _now()
+    # Empty (an empty tuple) until the first entry: fewer objects per future for the garbage
+    # collector to track (a request's futures live across several of its collections).
+    fut._callbacks = ()               # (port, fn) to call once settled
+    fut._cleanup = ()                 # run once it has retired (under the lock)
+    fut._dependents = ()              # futures that fail when it fails
+    fut._dep_signals = ()             # keys of other futures that its work names
+    fut.preds = ()                    # earlier work it was ordered after (see hazards)
+    fut._on_retire = ()               # run once it has retired
+    fut.keep = ()                     # buffers and host arrays the GPU work uses
+    # Set by backends that order work on lanes by tickets (CUDA): the ticket on ``lane``.
+    fut.ticket = 0
+    if not cython.compiled:
+        # The fields that start as None (compiled, the type's allocation sets every object
+        # field to None, so they are not stored again per future).
+        fut._exc = None               # the failure
+        fut._ports = None             # the loops' ports with awaiters parked on it
+        fut._event = None             # a threading.Event for wait()
+        fut.value = None              # what result() returns (an array for to_numpy)
+        fut.device = None             # the device whose queue or engine runs it
+        fut.queue = None              # where the work runs ("gpu0.q1", "gpu0.sdma0", ...)
+        fut.packet = None             # packet index of the completion packet in that queue
+        fut.lane = None               # the backend's lane object (queue, stream) it runs on
+        fut.members = None            # a join's members (see Runtime.gather)
+        fut._views = None             # the tasks to which it looks cancelled (see cancel())
+        # (CUDA: an event recorded after the work where the lane has no completion word, host
+        # steps that complete it (a bounced download's copy-out), its bounce block, and
+        # earlier work whose host steps must run first)
+        fut.event = None
+        fut.on_complete = None
+        fut.staging = None
+        fut.host_deps = None
+    return 0
 
 
 def _now() -> float:

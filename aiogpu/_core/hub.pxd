@@ -1,7 +1,7 @@
 # The hub's fields as C slots (hub.py is the source; this only types it). Backends subclass it
 # in Python (their waiter's state lives in the subclass).
 cimport cython
-from aiogpu._core.futures cimport AwaitHub, GPUFuture
+from aiogpu._core.futures cimport AwaitHub, GPUFuture, make_future
 from aiogpu._core.interrupts cimport InterruptSafeLock, RawLock
 
 cdef class Hub(AwaitHub):

@@ -23,7 +23,7 @@ from .. import trace as _trace
 from ..backend import CompletionHooks
 from ..errors import DeviceLost, GPUError
 from . import watchdog
-from .futures import DONE, FAILED, PENDING, AwaitHub, GPUFuture, _CallbackAwaiter, submission_scope
+from .futures import DONE, FAILED, PENDING, AwaitHub, GPUFuture, _CallbackAwaiter, make_future, submission_scope
 
 log = logging.getLogger("aiogpu")
 # The backlog's mark for a queued watchdog check (in ``FutureHub._queued``).
@@ -142,9 +142,9 @@ class Hub(AwaitHub):
         keys are no resources), not watched yet: the submission watches it once its work is
         encoded (under the lock)."""
         if self.keys_are_resources:
-            return GPUFuture(self, label, self._new_key())
+            return make_future(self, label, self._new_key())
         self._last_key += 1
-        return GPUFuture(self, label, self._last_key)
+        return make_future(self, label, self._last_key)
 
     def watch(self, fut: GPUFuture) -> GPUFuture:
         """Start watching a pending future whose ``signal`` is set (call under lock).
