@@ -33,6 +33,8 @@ cdef class Lane:
     cdef public object device
     cdef public object stream
     cdef public long long ticket
+    cdef public long long written
+    cdef public int lazy
     cdef public long long armed
     cdef public long long wanted
     cdef public object pending
@@ -155,20 +157,26 @@ cdef inline int direct_memcpy(Lane lane, unsigned long long dst, unsigned long l
         rc = lane._cu_write64(stream, word, ticket, 0)
     return rc
 
+cdef inline int direct_write64(Lane lane, unsigned long long value) noexcept:
+    return lane._cu_write64(<void *><size_t>lane.sh, lane.wordp, value, 0)
+
 cdef inline int direct_wait64(Lane lane, unsigned long long word, unsigned long long value) noexcept:
     return lane._cu_wait64(<void *><size_t>lane.sh, word, value, <unsigned int>lane.wait_geq)
 
 @cython.locals(dep=GPUFuture, cur=GPUFuture, other=Lane, newest=dict, code=cython.longlong)
 cpdef long long wait_on_device(Lane lane, object waits) except? -1
 
-@cython.locals(code=cython.longlong, ticket=cython.longlong, word=cython.ulonglong)
+@cython.locals(newest=cython.longlong, code=cython.longlong)
+cpdef long long flush_word(Lane lane, long long ticket) except? -1
+
+@cython.locals(code=cython.longlong, ticket=cython.longlong, word=cython.ulonglong, write=cython.ulonglong)
 cpdef launch_on_lane(object device, GPUFuture fut, Lane lane, LoadedCudaKernel loaded, object grid, object block,
                      object values, object waits, list cleanup)
 
 cpdef long long enter_lane(object device, Lane lane, object waits) except? -1
 
 cpdef lane_completes(object runtime, GPUFuture fut, Lane lane, list cleanup, long long code, unsigned long long word,
-                     long long ticket)
+                     long long ticket, bint wrote=*)
 
 cpdef object encode_kernel(object device, object fut, object lane, object loaded, object grid, object block,
                            object values, object lengths, object waits, list cleanup, object copy=*, object foreign=*)

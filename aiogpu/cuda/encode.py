@@ -41,8 +41,14 @@ if not cython.compiled:
     # The .pxd's C functions of a lane's own driver calls (``Lane.direct``, never true here).
     set_direct: Any = None
     direct_launch: Any = None
+    direct_write64: Any = None
     direct_wait64: Any = None
     pack_direct: Any = None
+
+# How many launches in a row a lane may leave its completion word to a later write
+# (``Lane.lazy``): the write is a driver call per launch (about 0.8 us on an H100), and a stream
+# runs in order, so one write covers every ticket before it.
+LAZY_LAUNCHES = 16
 
 # The thread that made a context current last, and that context's device (``make_current``):
 # a launch from that thread on that device needs no look at the thread-local record. (Any other
@@ -96,13 +102,23 @@ class Lane:
     work and the word. ``CudaRuntime._encode_on_lane`` applies it, to operations that are one
     launch or copy call (``fusable``); the rest get the separate write.
 
+    ``lazy``: a plain launch (``launch_on_lane``) on a lane with a fused word writes no word
+    unless ``lazy`` tickets have gone unwritten (0: every launch writes it). ``written`` is the
+    newest ticket whose write is queued: the word reaches a ticket when any later write lands,
+    and whoever needs a ticket that is not covered yet (an await's spin, ``done()``, a parked
+    awaiter's wake-up, a wait of another lane or library on the device) covers it first
+    (``flush_word``), which writes the lane's newest ticket after the lane's current work. The
+    waiter's scan needs no word: beyond it, it queries the stream. The cost: such a ticket is
+    seen complete only after the work queued behind it before the demand. Lanes of a runtime
+    with a watchdog write every ticket (it reads the word to tell work done from work stuck).
+
     ``direct``: compiled, where the hot path gives its entry points (``HotPath.direct``), the
     lane's launch, copy and cross-lane wait call them itself, in C, with the same arguments and
     results as the hot path's methods; otherwise, and always interpreted, they call the methods.
     ``use_hot`` sets both."""
 
     __slots__ = ("name", "device", "stream", "ticket", "armed", "wanted", "pending", "kind", "word", "dptr",
-                 "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq", "direct")
+                 "spin", "rate", "sh", "wordp", "fused_word", "hot", "wait_geq", "direct", "written", "lazy")
 
     def __init__(self, device: Any, name: str, kind: str, *, priority: int = 0):
         from . import driver as D
@@ -123,6 +139,7 @@ class Lane:
         self.stream = stream
         self.sh = int(stream)
         self.ticket = 0          # operations submitted so far
+        self.written = 0         # the newest ticket whose word write is queued
         self.armed = 0           # a host-function wake-up is queued after this ticket
         self.wanted = 0          # a parked ticket the waiter is to arm for (``lanehub._wake_for``)
         self.pending: deque = deque()
@@ -135,6 +152,7 @@ class Lane:
             self.word = ctypes.c_uint64.from_address(host)
             self.wordp = int(self.dptr)
         self.fused_word = 0 if device.runtime.event_waits else self.wordp
+        self.lazy = LAZY_LAUNCHES if self.fused_word and device.runtime.hub.watchdog_s is None else 0
 
     def use_hot(self, hot: Any) -> None:
         """Make the lane's driver calls through ``hot`` (a ``driver.HotPath``) from now on."""
@@ -152,8 +170,9 @@ class Lane:
         return self.word.value if self.word is not None else 0
 
     def arm(self, fn: int, data: int) -> int:
-        """Queue the host function ``fn(data)`` after the lane's current work (a wake-up)."""
-        return self.hot.host_func(self.sh, fn, data)
+        """Queue the host function ``fn(data)`` after the lane's current work (a wake-up), after
+        the word covers that work (``flush_word``)."""
+        return flush_word(self, self.ticket) or self.hot.host_func(self.sh, fn, data)
 
     def destroy(self) -> None:
         from .driver import cu
@@ -236,6 +255,11 @@ def wait_on_device(lane: Lane, waits: Any) -> int:
     for dep in newest.values():
         other = dep.lane
         if dep.ticket > (other.word.value if other.word is not None else 0):
+            if dep.event is None and dep.ticket > other.written:
+                code = flush_word(other, dep.ticket)       # (its launches left the word behind)
+                if code:
+                    return code
+                make_current(lane.device)
             if dep.event is not None:
                 code = hot.wait_event(stream, dep.event)
             elif cython.compiled and lane.direct:
@@ -245,6 +269,24 @@ def wait_on_device(lane: Lane, waits: Any) -> int:
             if code:
                 return code
     return 0
+
+
+def flush_word(lane: Lane, ticket: int) -> int:
+    """Make ``lane``'s completion word reach ``ticket`` (submitted on it): where its launches
+    left the word behind (``Lane.lazy``), queue the write of the lane's newest ticket after its
+    current work, in the lane's device's context. Nothing for a lane without a word. Under the runtime lock (its plain lock
+    suffices). Returns the CUresult (0: written, or queued to be)."""
+    if ticket <= lane.written or not lane.wordp or lane.stream is None:
+        return 0                      # (covered already; a lane of events; a closed one)
+    make_current(lane.device)
+    newest = lane.ticket
+    if cython.compiled and lane.direct:
+        code = direct_write64(lane, newest)
+    else:
+        code = lane.hot.write64(lane.sh, lane.wordp, newest)
+    if not code:
+        lane.written = newest
+    return code
 
 
 _FORMATS = {"f32": "f", "f64": "d", "i8": "b", "i16": "h", "i32": "i", "i64": "q",
@@ -341,8 +383,9 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
     """``CudaDevice._encode_kernel`` of a launch that is only a launch (no shader copy, no other
     library's streams), under the runtime lock: the device-side ``waits``, then one
     ``HotPath.launch`` that also writes the lane's completion word where the lane fuses it
-    (``Lane.fused_word``), then the lane's completion of ``fut`` (``CudaRuntime._completed_on_lane``,
-    inlined for a launch that wrote the word). Raises ValueError for a grid the device cannot
+    (``Lane.fused_word``) and the lane does not leave it to a later write (``Lane.lazy``), then
+    the lane's completion of ``fut`` (``CudaRuntime._completed_on_lane``, inlined for a launch
+    that wrote the word or left it behind). Raises ValueError for a grid the device cannot
     launch and CudaError where a call failed (nothing then completes ``fut``)."""
     if grid is not loaded.grid or block is not loaded.block:
         # (a service launches one shape again and again: the same tuples, from the shape cache)
@@ -353,14 +396,16 @@ def launch_on_lane(device: Any, fut: Any, lane: Lane, loaded: LoadedCudaKernel, 
     code = enter_lane(device, lane, waits)
     word = lane.fused_word
     ticket = lane.ticket + 1
+    # (the word written only once ``lazy`` tickets went unwritten: ``Lane.lazy``)
+    write = word if ticket - lane.written >= lane.lazy else 0
     if code:
         pass
     elif cython.compiled and lane.direct:
-        code = direct_launch(lane, loaded, word, ticket if word else 0)
+        code = direct_launch(lane, loaded, write, ticket if write else 0)
     else:
         code = lane.hot.launch(loaded.handle, loaded.gx, loaded.gy, loaded.gz, loaded.bx, loaded.by, loaded.bz, 0,
-                               lane.sh, loaded.params, word, ticket if word else 0)
-    lane_completes(device.runtime, fut, lane, cleanup, code, word, ticket)
+                               lane.sh, loaded.params, write, ticket if write else 0)
+    lane_completes(device.runtime, fut, lane, cleanup, code, word, ticket, write != 0)
 
 
 def enter_lane(device: Any, lane: Lane, waits: Any) -> int:
@@ -371,16 +416,19 @@ def enter_lane(device: Any, lane: Lane, waits: Any) -> int:
     return wait_on_device(lane, waits) if waits else 0
 
 
-def lane_completes(runtime: Any, fut: Any, lane: Lane, cleanup: list, code: int, word: Any, ticket: int) -> None:
-    """After one launch or memcpy on ``lane`` returned ``code`` (``word``: the lane's word it
-    was given, to write ``ticket`` to after its work): ``fut`` becomes the lane's ``ticket``
-    at once when the call wrote the word; else ``CudaRuntime._completed_on_lane`` records the
-    event or writes the word, or raises CudaError for a failed call (nothing then completes
-    ``fut``)."""
+def lane_completes(runtime: Any, fut: Any, lane: Lane, cleanup: list, code: int, word: Any, ticket: int,
+                   wrote: bool = True) -> None:
+    """After one launch or memcpy on ``lane`` returned ``code`` (``word``: the lane's fused word,
+    to which the call wrote ``ticket`` after its work, or, ``wrote`` false, left that to a later
+    write: ``Lane.lazy``): ``fut`` becomes the lane's ``ticket`` at once; else
+    ``CudaRuntime._completed_on_lane`` records the event or writes the word, or raises CudaError
+    for a failed call (nothing then completes ``fut``)."""
     if code or not word:
         runtime._completed_on_lane(fut, lane, cleanup, code, word)
         return
     lane.ticket = ticket
+    if wrote:
+        lane.written = ticket
     fut.lane = lane
     fut.ticket = ticket
     fut.queue = lane.name

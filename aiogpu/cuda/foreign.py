@@ -28,6 +28,7 @@ from ..errors import NotOnCudaError
 from . import driver as D
 from .driver import cu
 from .streams import ForeignLane, Lane
+from .encode import flush_word
 
 DEFAULT_STREAMS = (0, 1, 2)      # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 EXT_LANES = 4                    # aiogpu streams per device that capture foreign events
@@ -156,6 +157,10 @@ def wait_on(rt: Any, fut: Any, obj: Any, device: Any) -> None:
     lane = getattr(fut, "lane", None)
     if lane is None:
         raise NotOnCudaError(f"{fut!r} has no CUDA work to wait for")
+    if fut.event is None:
+        code = flush_word(lane, fut.ticket)          # (its launch may have left it behind: Lane.lazy)
+        if code:
+            raise D.CudaError(f"cuStreamWriteValue64 (wait_on): {D.error_name(code)}", status=int(code))
     dev.make_current()
     target = cu.CUstream(handle)
     if fut.event is not None:

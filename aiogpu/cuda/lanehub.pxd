@@ -6,7 +6,7 @@ from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.interrupts cimport RawLock
 from cpython.contextvars cimport get_value
-from aiogpu.cuda.encode cimport Lane
+from aiogpu.cuda.encode cimport Lane, flush_word
 
 cdef extern from "<semaphore.h>" nogil:
     ctypedef struct sem_t:
@@ -30,6 +30,8 @@ cdef object _watch(object hub, GPUFuture fut)
 @cython.locals(h=LaneHub)
 cdef int _post(object hub) except -1
 cdef bint _first_poll(object hub, GPUFuture fut) except -1
+@cython.locals(h=LaneHub, raw=RawLock, code=cython.longlong)
+cdef int _cover(object hub, Lane lane, long long ticket, bint wait) except -1
 @cython.locals(h=Hub, steps=bint, reaped=bint)
 cdef bint _completed_now(object hub, GPUFuture fut) except -1
 @cython.locals(h=Hub, lane=Lane, first=GPUFuture, upto=cython.longlong, found=list, item=tuple)

@@ -13,6 +13,7 @@ from ..errors import GPUError
 from .._core.futures import PENDING, GPUFuture, submission_scope
 from .._core.hub import Hub
 from .._core.submit import REAP_AT
+from .encode import flush_word
 
 try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -78,8 +79,11 @@ class LaneHub(Hub):
         """``done()``: read the lane's completion word (one memory load) and settle the lane's
         prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
         lane = fut.lane
-        if lane is not None and lane.word is not None and lane.word.value >= fut.ticket:
-            self.observed(lane, fut.ticket, 0)
+        if lane is not None and lane.word is not None:
+            if fut.ticket > lane.written:
+                _cover(self, lane, fut.ticket, False)    # (a poll: never waits for the lock)
+            if lane.word.value >= fut.ticket:
+                self.observed(lane, fut.ticket, 0)
 
     def reap(self) -> None:
         """Settle each lane's prefix that its completion word shows done (see
@@ -135,6 +139,7 @@ class LaneHub(Hub):
         deadline = start + max(lane.spin, at_least)
         word, ticket = lane.word, fut.ticket
         if word is not None:
+            _cover(self, lane, ticket, True)      # (its launch may have left the word behind)
             while fut._state == PENDING:
                 if word.value >= ticket:
                     _hit(self, lane, fut, time.perf_counter() - start)
@@ -200,6 +205,26 @@ def _first_poll(hub: Any, fut: GPUFuture) -> bool:
         _hit(hub, lane, fut, 0.0)
         return _completed_now(hub, fut)
     return False
+
+
+def _cover(hub: Any, lane: Any, ticket: int, wait: bool) -> int:
+    """Someone waits for ``ticket`` on ``lane``: its word is made to reach it where the lane's
+    launches left it behind (``encode.flush_word``), under the plain lock (as ``_wake_for``);
+    ``wait`` false: only if that lock is free now (else a later look covers it). A failed write
+    wakes the waiter, whose scan queries the stream and finds the error."""
+    if ticket <= lane.written:
+        return 0
+    h = hub
+    raw = h.lock.raw
+    if not raw._take(wait, -1.0):
+        return 0
+    try:
+        code = flush_word(lane, ticket)
+    finally:
+        raw._give()
+    if code:
+        _post(hub)
+    return 0
 
 
 def _completed_now(hub: Any, fut: GPUFuture) -> bool:
@@ -385,7 +410,7 @@ def _arm(hub: Any, lane: Any) -> int:
     """Queue the wake-up host function on ``lane`` after its current work (under the plain
     lock)."""
     h = hub
-    err = lane.arm(h.sem_post, h.sem.address)
+    err = lane.arm(h.sem_post, h.sem.address)      # (the word covers the lane's work first)
     h.arms += 1
     if err == 0:
         lane.armed = lane.ticket

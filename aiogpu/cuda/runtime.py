@@ -147,6 +147,8 @@ class CudaRuntime(Runtime):
             raise D.CudaError(f"{fut.label} on {lane.name}: {D.error_name(code)}", status=int(code),
                               queue=lane.name)
         lane.ticket = ticket = lane.ticket + 1
+        if lane.dptr is not None:
+            lane.written = ticket            # (written after the work, by the call or here)
         fut.lane, fut.ticket, fut.event = lane, ticket, event
         fut.queue, fut.packet = lane.name, ticket
         if event is not None:

@@ -117,11 +117,16 @@ class CudaHub(LaneHub, FutureHub):
             lane.device.make_current()
             last, code = None, 0
             upto = lane.done_upto()
+            idle = False              # (the stream had run all the snapshot's work)
             for f in futs:
-                if f.retired or f.ticket <= upto:
+                if f.retired or f.ticket <= upto or idle:
                     last = f
                     continue
-                code = query(f.event) if f.event is not None else stream_query(lane.stream)[0]
+                if f.event is not None:
+                    code = query(f.event)
+                else:                 # (beyond the word: a ticket its launch left unwritten)
+                    code = stream_query(lane.stream)[0]
+                    idle = code == 0
                 if code == 0:
                     last = f
                     continue

@@ -1,0 +1,286 @@
+"""A lane's launches leave its completion word to a later write (``encode.Lane.lazy``): one
+write per ``LAZY_LAUNCHES`` launches in a row, and every ticket is covered before anything needs
+it. Each way of needing a ticket is attacked here with the lane held (``fakecuda_controls.hold``:
+its writes and host functions wait, in stream order, as on a GPU still running the work):
+
+- the waiter's scan, with nobody waiting: the futures retire though the word never showed them
+  (it queries the stream);
+- an await's spin: the word is written before it polls;
+- a parked await (no spin): the write is queued before the wake-up host function;
+- ``done()`` in a polling loop, and ``wait()`` from a thread;
+- a launch on another lane after it: the write comes before the other lane's wait on the word;
+- another library's stream made to wait for it (``wait_on``);
+- a runtime with a watchdog writes the word after every launch.
+
+On the fake driver, in child processes; the scan and spin cases on both hot paths.
+"""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from backends import build_libcuda, needs_fake_libcuda, on_fake_cuda, run_on_fake_cuda
+
+pytestmark = on_fake_cuda
+
+PROLOGUE = r"""
+import asyncio, json, threading, time
+import fakecuda_controls as fc
+import aiogpu
+import aiogpu.cuda.driver as D
+from aiogpu.cuda.encode import LAZY_LAUNCHES
+
+@aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}')
+def noop(launch, n):
+    pass
+
+rt = aiogpu.Runtime("cuda", queues_per_device=1, **OPTIONS)
+dev = rt.devices[0]
+dev.launch(noop, (1,), (1,), (0,)).wait(10)     # (compiled and loaded: the plain launch)
+lane = next(l for l in dev.lanes if l.kind == "compute")
+out = {"hot": D.HOT.name, "lazy": lane.lazy, "max": LAZY_LAUNCHES}
+
+def held_entries():
+    # What the held lane queues, in stream order: ("write", ticket) and ("host",).
+    return [("write", e[2]) if e[0] == "write" else (e[0],) for e in fc._queues.get(int(lane.stream), ())]
+
+async def awaiting(fut):
+    return await fut
+
+def finish():
+    out["leaks"] = rt.leaks(5)
+    rt.close()
+    print(json.dumps(out))
+"""
+
+
+def _run(body: str, options: str = "{}", **env: str) -> dict:
+    script = PROLOGUE.replace("**OPTIONS", f"**{options}") + textwrap.dedent(body) + "\nfinish()\n"
+    proc = run_on_fake_cuda(script, **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- nobody waits: one write per LAZY_LAUNCHES launches, and the waiter's scan retires them --------
+UNAWAITED = r"""
+futs, gaps = [], []
+for i in range(3 * LAZY_LAUNCHES + 5):
+    futs.append(dev.launch(noop, (1,), (1,), (i,)))
+    gaps.append(lane.ticket - lane.written)
+out["gaps"] = gaps
+out["word_before"] = lane.word.value
+out["ticket"] = lane.ticket
+deadline = time.monotonic() + 10
+while rt.hub.pending_count and time.monotonic() < deadline:   # (no done(): it would cover them)
+    time.sleep(0.005)
+out["pending_after"] = rt.hub.pending_count
+out["word_after"] = lane.word.value
+out["states"] = sorted({f._state for f in futs})
+"""
+
+
+def _check_unawaited(out: dict) -> None:
+    assert out["lazy"] == out["max"] > 1, out
+    gaps = out["gaps"]
+    # Each launch leaves the word, until LAZY_LAUNCHES tickets went unwritten: then it writes.
+    assert max(gaps) == out["max"] - 1 and gaps.count(0) == len(gaps) // out["max"], gaps
+    # The tail was never written, and yet every future completed and retired: the waiter's scan
+    # queried the stream beyond the word.
+    assert out["word_after"] < out["ticket"], out
+    assert out["pending_after"] == 0 and out["states"] == [1], out
+    assert out["leaks"] == {}, out
+
+
+def test_launches_nobody_awaits_write_the_word_once_per_lazy_run_and_still_retire():
+    _check_unawaited(_run(UNAWAITED))
+
+
+@needs_fake_libcuda
+def test_launches_nobody_awaits_write_the_word_once_per_lazy_run_and_still_retire_c():
+    out = _run(UNAWAITED, LD_LIBRARY_PATH=build_libcuda.build())
+    if out["hot"] != "c":
+        pytest.fail(f"the C hot path did not load: {out}")
+    _check_unawaited(out)
+
+
+# -- an await's spin covers the ticket before it polls ---------------------------------------------
+SPIN = r"""
+async def main():
+    fc.hold(lane.stream)
+    fut = dev.launch(noop, (1,), (1,), (1,))
+    out["left"] = lane.written < fut.ticket
+    task = asyncio.ensure_future(awaiting(fut))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    out["written"] = lane.written == fut.ticket
+    out["held"] = held_entries()
+    out["ticket"] = fut.ticket
+    out["pending_while_held"] = not task.done()
+    fc.release(lane.stream)
+    await asyncio.wait_for(task, 10)
+    out["done"] = fut.done() and fut.exception() is None
+asyncio.run(main())
+"""
+
+
+def _check_spin(out: dict) -> None:
+    assert out["left"] and out["written"] and out["pending_while_held"] and out["done"], out
+    assert out["held"] == [["write", out["ticket"]]], out
+    assert out["leaks"] == {}, out
+
+
+def test_an_await_covers_the_ticket_before_it_spins():
+    _check_spin(_run(SPIN))
+
+
+@needs_fake_libcuda
+def test_an_await_covers_the_ticket_before_it_spins_c():
+    out = _run(SPIN, LD_LIBRARY_PATH=build_libcuda.build())
+    if out["hot"] != "c":
+        pytest.fail(f"the C hot path did not load: {out}")
+    _check_spin(out)
+
+
+# -- a parked await: the write before the wake-up ----------------------------------------------
+def test_a_parked_await_queues_the_write_before_its_wake_up():
+    out = _run(r"""
+    async def main():
+        fc.hold(lane.stream)
+        futs = [dev.launch(noop, (1,), (1,), (i,)) for i in range(3)]
+        out["left"] = lane.written < futs[0].ticket
+        task = asyncio.ensure_future(awaiting(futs[0]))   # (the oldest: later work is queued)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        out["held"] = held_entries()
+        out["newest"] = lane.ticket
+        fc.release(lane.stream)
+        await asyncio.wait_for(task, 10)
+        out["done"] = futs[0].done()
+    asyncio.run(main())
+    """, options="{'spin_s': 0}")
+    assert out["left"] and out["done"], out
+    # The lane's newest ticket written, then the host function: the waiter it wakes reads the
+    # word showing the awaited ticket (and every one before it) done.
+    assert out["held"] == [["write", out["newest"]], ["host"]], out
+    assert out["leaks"] == {}, out
+
+
+# -- done() polled, wait() from a thread -------------------------------------------------------
+def test_done_polled_and_wait_from_a_thread_see_a_launch_left_unwritten():
+    out = _run(r"""
+    fc.hold(lane.stream)
+    a = dev.launch(noop, (1,), (1,), (1,))
+    b = dev.launch(noop, (1,), (1,), (2,))
+    out["left"] = lane.written < a.ticket
+    out["first_done"] = a.done()                     # (the device has not run it: held)
+    out["written"] = lane.written == b.ticket
+    fc.release(lane.stream)
+    polls = 0
+    deadline = time.monotonic() + 10
+    while not a.done() and time.monotonic() < deadline:
+        polls += 1
+    out["a_done"] = a.done()
+    fc.hold(lane.stream)
+    c = dev.launch(noop, (1,), (1,), (3,))
+    got = []
+    t = threading.Thread(target=lambda: got.append(c.wait(10)))
+    t.start()
+    time.sleep(0.05)
+    out["c_pending"] = not c.done() or not lane.written
+    fc.release(lane.stream)
+    t.join(20)
+    out["c_done"] = got == [True] and b.done()
+    """)
+    assert out["left"] and not out["first_done"] and out["written"], out
+    assert out["a_done"] and out["c_pending"] and out["c_done"], out
+    assert out["leaks"] == {}, out
+
+
+# -- another lane waits on the device: the write comes first --------------------------------------
+def test_a_wait_of_another_lane_follows_the_write_of_the_ticket():
+    out = _run(r"""
+    x = dev.alloc(4096)
+    k = aiogpu.kernel("f32*, u32", cuda='extern "C" __global__ void k(float* a, unsigned n) {}',
+                      name="k")(lambda launch, a, n: None)
+    dev.launch(k, (1,), (1,), (x, 0)).wait(10)
+    fc.honour_waits()
+    fc.log.clear()
+    fc.hold(lane.stream)
+    fut = dev.launch(k, (1,), (1,), (x, 1))           # writes x on the compute lane, left unwritten
+    out["left"] = lane.written < fut.ticket
+    import numpy as np
+    host = np.empty(1024, np.float32)
+    down = aiogpu.copy(host, x)                      # the download waits for it ...
+    out["down_lane"] = down.lane.name
+    out["lane"] = lane.name
+    out["held"] = held_entries()
+    out["ticket"] = fut.ticket
+    fc.release(lane.stream)
+    out["done"] = down.wait(10) and fut.done()
+    x.free()
+    """)
+    assert out["left"] and out["done"], out
+    # The download went on the launch's own lane (stream order suffices) or waited on the device
+    # for the word: either way the ticket's write was queued behind the launch, before the copy's.
+    assert out["held"][0] == ["write", out["ticket"]] or out["down_lane"] == out["lane"], out
+    assert out["leaks"] == {}, out
+
+
+def test_a_launch_on_another_lane_waits_only_after_the_ticket_is_written():
+    out = _run(r"""
+    x = dev.alloc(4096)
+    k = aiogpu.kernel("f32*, u32", cuda='extern "C" __global__ void k(float* a, unsigned n) {}',
+                      name="k")(lambda launch, a, n: None)
+    other = [l for l in dev.lanes if l.kind == "h2d"][0]
+    import numpy as np
+    dev.launch(k, (1,), (1,), (x, 0)).wait(10)
+    fc.hold(lane.stream)
+    fut = dev.launch(k, (1,), (1,), (x, 1))           # writes x, left unwritten
+    out["left"] = lane.written < fut.ticket
+    up = aiogpu.copy(x, np.ones(1024, np.float32))    # the upload (another lane) must wait for it
+    out["up_lane_other"] = up.lane is not lane
+    out["written_before_wait"] = lane.written >= fut.ticket
+    out["held"] = held_entries()
+    out["ticket"] = fut.ticket
+    fc.release(lane.stream)
+    out["done"] = up.wait(10) and fut.done()
+    x.free()
+    """)
+    assert out["left"] and out["up_lane_other"] and out["done"], out
+    assert out["written_before_wait"] and out["held"] == [["write", out["ticket"]]], out
+    assert out["leaks"] == {}, out
+
+
+# -- another library's stream made to wait ---------------------------------------------------------
+def test_wait_on_a_foreign_stream_covers_the_ticket_first():
+    out = _run(r"""
+    from cuda.bindings import driver as cu
+    err, s = cu.cuStreamCreate(0)
+    fc.hold(lane.stream)
+    fut = dev.launch(noop, (1,), (1,), (1,))
+    out["left"] = lane.written < fut.ticket
+    fut.wait_on(int(s))
+    out["written"] = lane.written == fut.ticket
+    out["held"] = held_entries()
+    out["ticket"] = fut.ticket
+    fc.release(lane.stream)
+    out["done"] = fut.wait(10)
+    """)
+    assert out["left"] and out["written"] and out["done"], out
+    assert out["held"] == [["write", out["ticket"]]], out
+    assert out["leaks"] == {}, out
+
+
+# -- a watchdog reads the word: every launch writes it ---------------------------------------------
+def test_a_runtime_with_a_watchdog_writes_the_word_after_every_launch():
+    out = _run(r"""
+    gaps = []
+    for i in range(LAZY_LAUNCHES + 3):
+        dev.launch(noop, (1,), (1,), (i,))
+        gaps.append(lane.ticket - lane.written)
+    out["gaps"] = gaps
+    """, options="{'watchdog_s': 5.0}")
+    assert out["lazy"] == 0 and set(out["gaps"]) == {0}, out
+    assert out["leaks"] == {}, out
