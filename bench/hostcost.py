@@ -24,8 +24,11 @@ counting only the operations (``--toggle-collect`` on the region ``run_once`` ma
 (I(3N) - I(N)) / 2N. Here that count moved by 1.4% (submit) and 7% (service; in six later runs 184k-241k) between runs
 of one tree: an ``await`` spins on the completion for a window it adapts in wall-clock time,
 which valgrind stretches 50x, so how often it spins (cheap) or parks (a loop wake-up) moves.
-``--spin-s 0`` (every await parks) gives a count that moved by 0.1% in three runs; else use
-``--repeat`` (the A/B compares each tree's lowest). The whole process's count
+``--spin-s 0`` (every await parks) gives a count that moved by 0.1% in three runs on an idle
+machine; else use ``--repeat`` (the A/B compares each tree's lowest). Other load on the
+machine (a test suite beside it) moved that count by up to 20%: the waiter thread then gets
+the GIL at other times, so the calling thread retires (and frees) more or less of the work
+itself. The whole process's count
 moved by 5-60%, as under valgrind the waiter thread's timed wake-ups follow the stretched
 wall clock, so the waiter is left out of it (its cost is in the timed runs' process column).
 
