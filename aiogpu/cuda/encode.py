@@ -274,8 +274,8 @@ def wait_on_device(lane: Lane, waits: Any) -> int:
 def flush_word(lane: Lane, ticket: int) -> int:
     """Make ``lane``'s completion word reach ``ticket`` (submitted on it): where its launches
     left the word behind (``Lane.lazy``), queue the write of the lane's newest ticket after its
-    current work, in the lane's device's context. Nothing for a lane without a word. Under the runtime lock (its plain lock
-    suffices). Returns the CUresult (0: written, or queued to be)."""
+    current work, in the lane's device's context; nothing for a lane without a word. Under the
+    runtime lock (its plain lock suffices). Returns the CUresult (0: written, or queued to be)."""
     if ticket <= lane.written or not lane.wordp or lane.stream is None:
         return 0                      # (covered already; a lane of events; a closed one)
     make_current(lane.device)
