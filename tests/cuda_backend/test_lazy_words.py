@@ -8,7 +8,8 @@ its writes and host functions wait, in stream order, as on a GPU still running t
 - an await's spin: the word is written before it polls;
 - a parked await (no spin): the write is queued before the wake-up host function;
 - ``done()`` in a polling loop, and ``wait()`` from a thread;
-- a launch on another lane after it: the write comes before the other lane's wait on the word;
+- work on another lane after it (an upload of what it writes): the write comes before the other
+  lane's wait on the word;
 - another library's stream made to wait for it (``wait_on``);
 - a runtime with a watchdog writes the word after every launch.
 
@@ -63,6 +64,18 @@ def _run(body: str, options: str = "{}", **env: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+# Both hot paths: cuda-bindings, and the C one over the fake libcuda.so.1 (compiled lanes then
+# call the driver themselves: ``Lane.direct``).
+HOT_PATHS = pytest.mark.parametrize("hot", ["cuda-bindings", pytest.param("c", marks=needs_fake_libcuda)])
+
+
+def _run_on(hot: str, body: str) -> dict:
+    out = _run(body, **({"LD_LIBRARY_PATH": build_libcuda.build()} if hot == "c" else {}))
+    if out["hot"] != hot:
+        pytest.fail(f"the {hot} hot path did not load: {out}")
+    return out
+
+
 # -- nobody waits: one write per LAZY_LAUNCHES launches, and the waiter's scan retires them --------
 UNAWAITED = r"""
 futs, gaps = [], []
@@ -81,7 +94,9 @@ out["states"] = sorted({f._state for f in futs})
 """
 
 
-def _check_unawaited(out: dict) -> None:
+@HOT_PATHS
+def test_launches_nobody_awaits_write_the_word_once_per_lazy_run_and_still_retire(hot):
+    out = _run_on(hot, UNAWAITED)
     assert out["lazy"] == out["max"] > 1, out
     gaps = out["gaps"]
     # Each launch leaves the word, until LAZY_LAUNCHES tickets went unwritten: then it writes.
@@ -91,18 +106,6 @@ def _check_unawaited(out: dict) -> None:
     assert out["word_after"] < out["ticket"], out
     assert out["pending_after"] == 0 and out["states"] == [1], out
     assert out["leaks"] == {}, out
-
-
-def test_launches_nobody_awaits_write_the_word_once_per_lazy_run_and_still_retire():
-    _check_unawaited(_run(UNAWAITED))
-
-
-@needs_fake_libcuda
-def test_launches_nobody_awaits_write_the_word_once_per_lazy_run_and_still_retire_c():
-    out = _run(UNAWAITED, LD_LIBRARY_PATH=build_libcuda.build())
-    if out["hot"] != "c":
-        pytest.fail(f"the C hot path did not load: {out}")
-    _check_unawaited(out)
 
 
 # -- an await's spin covers the ticket before it polls ---------------------------------------------
@@ -125,22 +128,12 @@ asyncio.run(main())
 """
 
 
-def _check_spin(out: dict) -> None:
+@HOT_PATHS
+def test_an_await_covers_the_ticket_before_it_spins(hot):
+    out = _run_on(hot, SPIN)
     assert out["left"] and out["written"] and out["pending_while_held"] and out["done"], out
     assert out["held"] == [["write", out["ticket"]]], out
     assert out["leaks"] == {}, out
-
-
-def test_an_await_covers_the_ticket_before_it_spins():
-    _check_spin(_run(SPIN))
-
-
-@needs_fake_libcuda
-def test_an_await_covers_the_ticket_before_it_spins_c():
-    out = _run(SPIN, LD_LIBRARY_PATH=build_libcuda.build())
-    if out["hot"] != "c":
-        pytest.fail(f"the C hot path did not load: {out}")
-    _check_spin(out)
 
 
 # -- a parked await: the write before the wake-up ----------------------------------------------
@@ -198,42 +191,12 @@ def test_done_polled_and_wait_from_a_thread_see_a_launch_left_unwritten():
     assert out["leaks"] == {}, out
 
 
-# -- another lane waits on the device: the write comes first --------------------------------------
-def test_a_wait_of_another_lane_follows_the_write_of_the_ticket():
+# -- work on another lane waits on the device: the write comes first ------------------------------
+def test_work_on_another_lane_waits_only_after_the_ticket_is_written():
     out = _run(r"""
     x = dev.alloc(4096)
     k = aiogpu.kernel("f32*, u32", cuda='extern "C" __global__ void k(float* a, unsigned n) {}',
                       name="k")(lambda launch, a, n: None)
-    dev.launch(k, (1,), (1,), (x, 0)).wait(10)
-    fc.honour_waits()
-    fc.log.clear()
-    fc.hold(lane.stream)
-    fut = dev.launch(k, (1,), (1,), (x, 1))           # writes x on the compute lane, left unwritten
-    out["left"] = lane.written < fut.ticket
-    import numpy as np
-    host = np.empty(1024, np.float32)
-    down = aiogpu.copy(host, x)                      # the download waits for it ...
-    out["down_lane"] = down.lane.name
-    out["lane"] = lane.name
-    out["held"] = held_entries()
-    out["ticket"] = fut.ticket
-    fc.release(lane.stream)
-    out["done"] = down.wait(10) and fut.done()
-    x.free()
-    """)
-    assert out["left"] and out["done"], out
-    # The download went on the launch's own lane (stream order suffices) or waited on the device
-    # for the word: either way the ticket's write was queued behind the launch, before the copy's.
-    assert out["held"][0] == ["write", out["ticket"]] or out["down_lane"] == out["lane"], out
-    assert out["leaks"] == {}, out
-
-
-def test_a_launch_on_another_lane_waits_only_after_the_ticket_is_written():
-    out = _run(r"""
-    x = dev.alloc(4096)
-    k = aiogpu.kernel("f32*, u32", cuda='extern "C" __global__ void k(float* a, unsigned n) {}',
-                      name="k")(lambda launch, a, n: None)
-    other = [l for l in dev.lanes if l.kind == "h2d"][0]
     import numpy as np
     dev.launch(k, (1,), (1,), (x, 0)).wait(10)
     fc.hold(lane.stream)
