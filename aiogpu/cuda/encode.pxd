@@ -35,6 +35,8 @@ cdef class Lane:
     cdef public long long ticket
     cdef public long long written
     cdef public int lazy
+    cdef public bint eager
+    cdef public long long demanded
     cdef public long long armed
     cdef public long long wanted
     cdef public object pending
@@ -165,6 +167,9 @@ cdef inline int direct_wait64(Lane lane, unsigned long long word, unsigned long 
 
 @cython.locals(dep=GPUFuture, cur=GPUFuture, other=Lane, newest=dict, code=cython.longlong)
 cpdef long long wait_on_device(Lane lane, object waits) except? -1
+
+@cython.locals(gap=cython.longlong)
+cpdef int awaited(Lane lane, GPUFuture fut) except -1
 
 @cython.locals(newest=cython.longlong, code=cython.longlong)
 cpdef long long flush_word(Lane lane, long long ticket) except? -1

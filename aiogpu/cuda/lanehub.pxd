@@ -6,7 +6,7 @@ from aiogpu._core.futures cimport GPUFuture
 from aiogpu._core.hub cimport Hub
 from aiogpu._core.interrupts cimport RawLock
 from cpython.contextvars cimport get_value
-from aiogpu.cuda.encode cimport Lane, flush_word
+from aiogpu.cuda.encode cimport Lane, awaited, flush_word
 
 cdef extern from "<semaphore.h>" nogil:
     ctypedef struct sem_t:

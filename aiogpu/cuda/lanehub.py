@@ -13,7 +13,7 @@ from ..errors import GPUError
 from .._core.futures import PENDING, GPUFuture, submission_scope
 from .._core.hub import Hub
 from .._core.submit import REAP_AT
-from .encode import flush_word
+from .encode import awaited, flush_word
 
 try:
     import cython  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -200,6 +200,7 @@ def _first_poll(hub: Any, fut: GPUFuture) -> bool:
     lane = fut.lane
     if lane is None:                 # a host-settled future (a compile, deferred work)
         return False
+    awaited(lane, fut)
     word = lane.word
     if word is not None and fut._state == PENDING and word.value >= fut.ticket:
         _hit(hub, lane, fut, 0.0)
@@ -361,7 +362,10 @@ def _complete_each(hub: Any, completed: list, posts: dict) -> int:
 
 def _wake_for(hub: Any, fut: GPUFuture) -> int:
     lane = fut.lane
-    if lane is None or lane.armed >= fut.ticket:     # (None: settled on the host, a compile)
+    if lane is None:                 # (settled on the host: a compile, deferred work)
+        return 0
+    awaited(lane, fut)
+    if lane.armed >= fut.ticket:
         return 0
     # The plain lock (no Ctrl-C hold, no signal-handler swap): an interrupt here at worst
     # leaves ``armed`` behind, and the next arm queues one more wake-up.

@@ -11,6 +11,7 @@ its writes and host functions wait, in stream order, as on a GPU still running t
 - work on another lane after it (an upload of what it writes): the write comes before the other
   lane's wait on the word;
 - another library's stream made to wait for it (``wait_on``);
+- launches awaited one by one write it at once (``Lane.eager``), until a burst comes;
 - a runtime with a watchdog writes the word after every launch.
 
 On the fake driver, in child processes; the scan and spin cases on both hot paths.
@@ -31,7 +32,7 @@ import asyncio, json, threading, time
 import fakecuda_controls as fc
 import aiogpu
 import aiogpu.cuda.driver as D
-from aiogpu.cuda.encode import LAZY_LAUNCHES
+from aiogpu.cuda.encode import EAGER_GAP, LAZY_LAUNCHES
 
 @aiogpu.kernel("u32", cuda='extern "C" __global__ void noop(unsigned n) {}')
 def noop(launch, n):
@@ -42,13 +43,14 @@ dev = rt.devices[0]
 dev.launch(noop, (1,), (1,), (0,)).wait(10)     # (compiled and loaded: the plain launch)
 lane = next(l for l in dev.lanes if l.kind == "compute")
 out = {"hot": D.HOT.name, "lazy": lane.lazy, "max": LAZY_LAUNCHES}
+lane.eager = False      # (the warm-up's wait may have awaited its launch: see the last test)
+
+async def awaiting(fut):
+    return await fut
 
 def held_entries():
     # What the held lane queues, in stream order: ("write", ticket) and ("host",).
     return [("write", e[2]) if e[0] == "write" else (e[0],) for e in fc._queues.get(int(lane.stream), ())]
-
-async def awaiting(fut):
-    return await fut
 
 def finish():
     out["leaks"] = rt.leaks(5)
@@ -199,6 +201,7 @@ def test_work_on_another_lane_waits_only_after_the_ticket_is_written():
                       name="k")(lambda launch, a, n: None)
     import numpy as np
     dev.launch(k, (1,), (1,), (x, 0)).wait(10)
+    lane.eager = False                                 # (as after the prologue's warm-up)
     fc.hold(lane.stream)
     fut = dev.launch(k, (1,), (1,), (x, 1))           # writes x, left unwritten
     out["left"] = lane.written < fut.ticket
@@ -246,4 +249,46 @@ def test_a_runtime_with_a_watchdog_writes_the_word_after_every_launch():
     out["gaps"] = gaps
     """, options="{'watchdog_s': 5.0}")
     assert out["lazy"] == 0 and set(out["gaps"]) == {0}, out
+    assert out["leaks"] == {}, out
+
+
+# -- launches awaited one by one write the word at once --------------------------------------------
+def test_launches_awaited_one_by_one_write_the_word_at_once_until_a_burst():
+    out = _run(r"""
+    import numpy as np
+    async def main():
+        gaps = []
+        for i in range(2 * LAZY_LAUNCHES):              # launch, await; launch, await; ...
+            fut = dev.launch(noop, (1,), (1,), (i,))
+            gaps.append(lane.ticket - lane.written)
+            await fut
+        out["one_by_one"] = gaps
+        fc.hold(lane.stream)                            # (so that the burst is pending when awaited)
+        futs = [dev.launch(noop, (1,), (1,), (i,)) for i in range(EAGER_GAP + 2)]
+        task = asyncio.ensure_future(awaiting(futs[-1]))   # a burst, its last awaited: lazy again
+        await asyncio.sleep(0)
+        fc.release(lane.stream)
+        await task
+        gaps = []
+        for i in range(4):
+            futs.append(dev.launch(noop, (1,), (1,), (i,)))
+            gaps.append(lane.ticket - lane.written)
+        out["after_burst"] = gaps
+        x = dev.alloc(4096)
+        for i in range(4):                              # copies awaited change nothing
+            await aiogpu.copy(x, np.zeros(1024, np.float32))
+        gaps = []
+        for i in range(3):
+            dev.launch(noop, (1,), (1,), (i,))
+            gaps.append(lane.ticket - lane.written)
+        out["after_copies"] = gaps
+        await asyncio.gather(*futs)
+        x.free()
+    asyncio.run(main())
+    """)
+    # The first launches left the word (the lane was lazy); once an await found its launch
+    # pending (the first, as a rule; the waiter may settle one before its await looks), each
+    # launch wrote the word at once.
+    assert out["one_by_one"][0] >= 1 and set(out["one_by_one"][8:]) == {0}, out
+    assert out["after_burst"] == [1, 2, 3, 4] and out["after_copies"][0] >= 1, out
     assert out["leaks"] == {}, out
