@@ -265,17 +265,18 @@ def wait_on_device(lane: Lane, waits: Any) -> int:
     for dep in newest.values():
         other = dep.lane
         if dep.ticket > (other.word.value if other.word is not None else 0):
-            if dep.event is None and dep.ticket > other.written:
-                code = flush_word(other, dep.ticket)       # (its launches left the word behind)
-                if code:
-                    return code
-                make_current(lane.device)
             if dep.event is not None:
                 code = hot.wait_event(stream, dep.event)
-            elif cython.compiled and lane.direct:
-                code = direct_wait64(lane, other.wordp, dep.ticket)
             else:
-                code = hot.wait64(stream, other.wordp, dep.ticket, lane.wait_geq)
+                if dep.ticket > other.written:          # (its launches left the word behind)
+                    code = flush_word(other, dep.ticket)
+                    if code:
+                        return code
+                    make_current(lane.device)
+                if cython.compiled and lane.direct:
+                    code = direct_wait64(lane, other.wordp, dep.ticket)
+                else:
+                    code = hot.wait64(stream, other.wordp, dep.ticket, lane.wait_geq)
             if code:
                 return code
     return 0

@@ -158,9 +158,8 @@ def wait_on(rt: Any, fut: Any, obj: Any, device: Any) -> None:
     if lane is None:
         raise NotOnCudaError(f"{fut!r} has no CUDA work to wait for")
     if fut.event is None:
-        code = flush_word(lane, fut.ticket)          # (its launch may have left it behind: Lane.lazy)
-        if code:
-            raise D.CudaError(f"cuStreamWriteValue64 (wait_on): {D.error_name(code)}", status=int(code))
+        # (its launch may have left the word behind: Lane.lazy)
+        D.check((flush_word(lane, fut.ticket),), "cuStreamWriteValue64 (wait_on)")
     dev.make_current()
     target = cu.CUstream(handle)
     if fut.event is not None:

@@ -80,8 +80,7 @@ class LaneHub(Hub):
         prefix up to it when it shows ``fut`` done (host-settled futures have no lane)."""
         lane = fut.lane
         if lane is not None and lane.word is not None:
-            if fut.ticket > lane.written:
-                _cover(self, lane, fut.ticket, False)    # (a poll: never waits for the lock)
+            _cover(self, lane, fut.ticket, False)        # (a poll: never waits for the lock)
             if lane.word.value >= fut.ticket:
                 self.observed(lane, fut.ticket, 0)
 
