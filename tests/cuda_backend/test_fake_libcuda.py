@@ -128,7 +128,8 @@ async def main():
 asyncio.run(main())
 calls = {n: lib.fakecuda_calls(i) - start[i] for i, n in enumerate(ORDER)}
 print(json.dumps({"hot": D.HOT.name, "write_path": rt.write_path, "describe": rt.describe(),
-                  "calls": calls, "leaks": len(rt.leaks(5))}))
+                  "calls": calls, "leaks": len(rt.leaks(5)),
+                  "lanes": sum(lane.kind == "compute" for lane in d0.lanes)}))
 rt.close()
 """
 
@@ -144,7 +145,10 @@ def test_the_c_hot_path_runs_on_the_fake_driver(lib_dir):
     calls = out["calls"]
     assert calls["launch"] == 50, calls
     assert calls["memcpy"] == 150, calls                 # upload, device copy, download each round
-    assert calls["write64"] >= calls["launch"] + calls["memcpy"], calls   # a completion word each
+    # A completion word each: every copy writes its own; launches awaited one by one write
+    # theirs at once once an await of one found it pending (``Lane.eager``), so each compute
+    # lane's first may be covered by a later write instead.
+    assert calls["write64"] >= calls["launch"] + calls["memcpy"] - out["lanes"], (calls, out["lanes"])
     assert out["leaks"] == 0, out
 
 
