@@ -670,10 +670,17 @@ class CopyEngines:
     copy is published, so the device frees ROCr's queue on its own and a spin ends. Once some
     queue has one, a copy may wait on the device for back-logged work that only the waiter,
     taking that lock, publishes: a full ROCr queue would spin for good. So, while any queue of
-    the runtime has a back-log (``crowded``, asked only past the room), a device takes no more than ``ROCR_COPY_ROOM``
+    the runtime has a back-log (``crowded``), a device takes no more than ``ROCR_COPY_ROOM``
     packets of ROCr's queues with its unretired copies (a copy counts 2 packets plus a barrier
     packet per five dependencies, as ROCr writes it); past that ``submit`` answers None and the
     copy is a shader copy on an aiogpu queue, whose back-log never blocks.
+
+    **ROCr's utility queue.** Loading a kernel (``hsa_executable_freeze``, under the runtime
+    lock) copies its code with a blit kernel on the device's utility queue and waits for it.
+    Without SDMA queues, ROCr's device-to-host and peer blits are blit kernels on that very
+    queue, so a load would wait behind a copy there that waits for back-logged work, and never
+    finish. While crowded, then, only copies on a ring of their own go to ROCr (``_own_ring``:
+    a proven SDMA engine, or ROCr's host-to-device blit); the others are shader copies.
     """
 
     def __init__(self, api: Any, agent: Any, name: str, crowded: Callable[[], bool]):
@@ -764,13 +771,25 @@ class CopyEngines:
         if (*direction, engine) in self.refused:
             return None
         room = 2 + (len(deps) + 4) // 5
-        if self.room_in_use + room > ROCR_COPY_ROOM and self._crowded():
+        if self._crowded() and (self.room_in_use + room > ROCR_COPY_ROOM
+                                or not self._own_ring(engine, src_agent)):
             return None
         name = self._submit(engine, dst, dst_agent, src, src_agent, nbytes, deps, completion, direction)
         if name is not None:
             self.room_in_use += room
             cleanup.append(functools.partial(self._give_room, room))
         return name
+
+    def _own_ring(self, engine: int, src_agent: Any) -> bool:
+        """Whether ``engine`` runs its copies on a ring that ROCr's own synchronous work never
+        waits behind: an SDMA queue (an engine proven one), or, where ROCr picks, its
+        host-to-device blit (an SDMA queue, or a blit kernel on its own ``QueueBlitOnly``). ROCr's
+        device-to-host and peer blits without SDMA are blit kernels on the device's utility
+        queue (``GpuAgent::InitDma``), where ``hsa_executable_freeze`` copies a kernel's code
+        (``RegionMemory::Freeze`` -> ``GpuAgent::DmaCopy``, then ``InvalidateCodeCaches``)."""
+        if engine == ROCR_CHOICE:
+            return src_agent.handle != self.agent.handle
+        return engine in self.proven
 
     def _give_room(self, room: int) -> None:
         self.room_in_use -= room

@@ -126,3 +126,63 @@ def test_copies_after_back_logged_launches_never_spin_rocr_under_the_lock():
         pytest.fail(f"the copies hung (ROCr spinning for room under the runtime lock): {exc.stdout}{exc.stderr}")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "rocr-d2h" in done.stdout and "'shader'" in done.stdout, done.stdout
+
+
+# ROCr's code copy (``hsa_executable_freeze`` -> RegionMemory::Freeze -> GpuAgent::DmaCopy, a blit
+# kernel on the device's utility queue, then InvalidateCodeCaches on the same queue) runs behind
+# whatever ROCr's device-to-host blit queued there when it has no SDMA queue. A copy there that
+# waits for back-logged work would hold the load until the waiter publishes that work, and the
+# waiter needs the runtime lock the load holds. The gate stays closed until the load is done, so
+# a load that waits behind the copy times out instead of finishing.
+_LOAD_BEHIND_A_BLIT = textwrap.dedent("""
+    import asyncio, os, sys
+    sys.path.insert(0, "tests")
+    import numpy as np, aiogpu
+    from gpu_kernels import Gate, add_const_n, wait_gate
+
+    @aiogpu.kernel("u64*")
+    def fresh(launch, x):
+        x[0] = 5
+
+    async def main():
+        rt = aiogpu.Runtime("hsa-virtual", gpus=1, ring_size=64, sdma_queues=0, queues_per_device=1)
+        d0 = rt.devices[0]
+        buf = d0.alloc(8 * 16)
+        await aiogpu.copy(buf, np.zeros(16, np.int64))
+        gate = Gate()
+        await aiogpu.gather(d0.load(add_const_n), d0.load(wait_gate))
+        held = gate.launch(d0)
+        last = [d0.launch(add_const_n, grid=(16,), block=(16,), args=(buf, 1, 16), after=[held] if i == 0 else [])
+                for i in range(100)][-1]
+        assert rt._crowded()
+        out = np.empty(16, np.int64)
+        copied = aiogpu.copy(out, buf, after=[last])          # waits for the back-logged launch
+        try:
+            await asyncio.wait_for(asyncio.shield(d0.load(fresh)), 20)
+        except asyncio.TimeoutError:
+            print("the load waited for the back-logged work", flush=True)
+            os._exit(3)
+        gate.open()
+        await copied
+        assert (out == 100).all(), out
+        await d0.launch(fresh, grid=(1,), block=(1,), args=(buf,))
+        assert (await buf.to_numpy(np.int64))[0] == 5
+        print("copies", rt.stats()["copies"])
+        rt.close()
+    asyncio.run(main())
+""")
+
+
+@on_hsa_virtual
+def test_a_kernel_load_never_waits_behind_a_rocr_copy_of_back_logged_work():
+    """While a queue has a back-log, a device-to-host or peer copy that could land on ROCr's
+    utility queue (ROCr 5.2.3 picks its blit; without SDMA a blit kernel there) is a shader copy,
+    so that loading a kernel meanwhile, whose code ROCr copies through that queue under the
+    runtime lock, finishes without the back-logged work."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _LOAD_BEHIND_A_BLIT], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the load hung: {exc.stdout}{exc.stderr}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "'shader'" in done.stdout, done.stdout
