@@ -86,46 +86,57 @@ async def test_many_copies_give_their_room_back_once_retired(make_runtime):
     assert rt.stats()["copy_room_in_use"] == 0
 
 
-# The failure this guards against is a hang (ROCr spinning in the event loop's thread), so the
-# scenario runs in a child process with a deadline.
-_BACKLOGGED_DEPENDENCIES = textwrap.dedent("""
-    import asyncio, sys, threading
-    sys.path.insert(0, "tests")
-    import numpy as np, aiogpu
-    from gpu_kernels import Gate, add_const_n
+# The failures these guard against are hangs (ROCr spinning or waiting under the runtime lock), so
+# the scenarios run in a child process with a deadline, on one 64-slot queue without SDMA queues
+# (ROCr's copies are then its blit kernels).
+_PRELUDE = """
+import asyncio, os, sys, threading
+sys.path.insert(0, "tests")
+import numpy as np, aiogpu
+from gpu_kernels import Gate, add_const_n, wait_gate
 
-    async def main():
-        rt = aiogpu.Runtime("hsa-virtual", gpus=1, ring_size=64, sdma_queues=0, queues_per_device=1)
-        d0 = rt.devices[0]
-        buf = d0.alloc(8 * 16)
-        await aiogpu.copy(buf, np.zeros(16, np.int64))
-        gate = Gate()
-        held = gate.launch(d0)
-        threading.Timer(0.5, gate.open).start()
-        outs, futs = [], []
-        for i in range(200):     # 200 launches on a 64-slot ring: most wait in its back-log
-            f = d0.launch(add_const_n, grid=(16,), block=(16,), args=(buf, 1, 16), after=[held] if i == 0 else [])
-            outs.append(np.empty(16, np.int64))
-            futs.append(aiogpu.copy(outs[-1], buf, after=[f]))     # ROCr's blit kernels copy
-        await aiogpu.gather(*futs)
-        assert [o[0] for o in outs] == list(range(1, 201)), [o[0] for o in outs]
-        print("copies", rt.stats()["copies"])
-        rt.close()
-    asyncio.run(main())
-""")
+async def one_queue():
+    rt = aiogpu.Runtime("hsa-virtual", gpus=1, ring_size=64, sdma_queues=0, queues_per_device=1)
+    d0 = rt.devices[0]
+    buf = d0.alloc(8 * 16)
+    await aiogpu.copy(buf, np.zeros(16, np.int64))
+    return rt, d0, buf, Gate()
+"""
+
+
+def _run_child(scenario: str, hang: str) -> str:
+    """``scenario`` (after the prelude) in a child process; its output. Fails the test with
+    ``hang`` if it runs past its deadline or with its output if it fails."""
+    try:
+        done = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(scenario)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{hang}: {exc.stdout}{exc.stderr}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 @on_hsa_virtual
 def test_copies_after_back_logged_launches_never_spin_rocr_under_the_lock():
     """On the real ROCr without SDMA queues (its blit kernels on one small queue): copies, each
     after a launch that waits in the back-log, all complete; ROCr copied some, shaders the rest."""
-    try:
-        done = subprocess.run([sys.executable, "-c", _BACKLOGGED_DEPENDENCIES], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the copies hung (ROCr spinning for room under the runtime lock): {exc.stdout}{exc.stderr}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "rocr-d2h" in done.stdout and "'shader'" in done.stdout, done.stdout
+    out = _run_child("""
+        async def main():
+            rt, d0, buf, gate = await one_queue()
+            held = gate.launch(d0)
+            threading.Timer(0.5, gate.open).start()
+            outs, futs = [], []
+            for i in range(200):     # 200 launches on a 64-slot ring: most wait in its back-log
+                f = d0.launch(add_const_n, grid=(16,), block=(16,), args=(buf, 1, 16), after=[held] if i == 0 else [])
+                outs.append(np.empty(16, np.int64))
+                futs.append(aiogpu.copy(outs[-1], buf, after=[f]))     # ROCr's blit kernels copy
+            await aiogpu.gather(*futs)
+            assert [o[0] for o in outs] == list(range(1, 201)), [o[0] for o in outs]
+            print("copies", rt.stats()["copies"])
+            rt.close()
+        asyncio.run(main())
+    """, "the copies hung (ROCr spinning for room under the runtime lock)")
+    assert "rocr-d2h" in out and "'shader'" in out, out
 
 
 # ROCr's code copy (``hsa_executable_freeze`` -> RegionMemory::Freeze -> GpuAgent::DmaCopy, a blit
@@ -134,55 +145,38 @@ def test_copies_after_back_logged_launches_never_spin_rocr_under_the_lock():
 # waits for back-logged work would hold the load until the waiter publishes that work, and the
 # waiter needs the runtime lock the load holds. The gate stays closed until the load is done, so
 # a load that waits behind the copy times out instead of finishing.
-_LOAD_BEHIND_A_BLIT = textwrap.dedent("""
-    import asyncio, os, sys
-    sys.path.insert(0, "tests")
-    import numpy as np, aiogpu
-    from gpu_kernels import Gate, add_const_n, wait_gate
-
-    @aiogpu.kernel("u64*")
-    def fresh(launch, x):
-        x[0] = 5
-
-    async def main():
-        rt = aiogpu.Runtime("hsa-virtual", gpus=1, ring_size=64, sdma_queues=0, queues_per_device=1)
-        d0 = rt.devices[0]
-        buf = d0.alloc(8 * 16)
-        await aiogpu.copy(buf, np.zeros(16, np.int64))
-        gate = Gate()
-        await aiogpu.gather(d0.load(add_const_n), d0.load(wait_gate))
-        held = gate.launch(d0)
-        last = [d0.launch(add_const_n, grid=(16,), block=(16,), args=(buf, 1, 16), after=[held] if i == 0 else [])
-                for i in range(100)][-1]
-        assert rt._crowded()
-        out = np.empty(16, np.int64)
-        copied = aiogpu.copy(out, buf, after=[last])          # waits for the back-logged launch
-        try:
-            await asyncio.wait_for(asyncio.shield(d0.load(fresh)), 20)
-        except asyncio.TimeoutError:
-            print("the load waited for the back-logged work", flush=True)
-            os._exit(3)
-        gate.open()
-        await copied
-        assert (out == 100).all(), out
-        await d0.launch(fresh, grid=(1,), block=(1,), args=(buf,))
-        assert (await buf.to_numpy(np.int64))[0] == 5
-        print("copies", rt.stats()["copies"])
-        rt.close()
-    asyncio.run(main())
-""")
-
-
 @on_hsa_virtual
 def test_a_kernel_load_never_waits_behind_a_rocr_copy_of_back_logged_work():
     """While a queue has a back-log, a device-to-host or peer copy that could land on ROCr's
     utility queue (ROCr 5.2.3 picks its blit; without SDMA a blit kernel there) is a shader copy,
     so that loading a kernel meanwhile, whose code ROCr copies through that queue under the
     runtime lock, finishes without the back-logged work."""
-    try:
-        done = subprocess.run([sys.executable, "-c", _LOAD_BEHIND_A_BLIT], cwd=ROOT, capture_output=True,
-                              text=True, timeout=120)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"the load hung: {exc.stdout}{exc.stderr}")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "'shader'" in done.stdout, done.stdout
+    out = _run_child("""
+        @aiogpu.kernel("u64*")
+        def fresh(launch, x):
+            x[0] = 5
+
+        async def main():
+            rt, d0, buf, gate = await one_queue()
+            await aiogpu.gather(d0.load(add_const_n), d0.load(wait_gate))
+            held = gate.launch(d0)
+            last = [d0.launch(add_const_n, grid=(16,), block=(16,), args=(buf, 1, 16), after=[held] if i == 0 else [])
+                    for i in range(100)][-1]
+            assert rt._crowded()
+            out = np.empty(16, np.int64)
+            copied = aiogpu.copy(out, buf, after=[last])          # waits for the back-logged launch
+            try:
+                await asyncio.wait_for(asyncio.shield(d0.load(fresh)), 20)
+            except asyncio.TimeoutError:
+                print("the load waited for the back-logged work", flush=True)
+                os._exit(3)
+            gate.open()
+            await copied
+            assert (out == 100).all(), out
+            await d0.launch(fresh, grid=(1,), block=(1,), args=(buf,))
+            assert (await buf.to_numpy(np.int64))[0] == 5
+            print("copies", rt.stats()["copies"])
+            rt.close()
+        asyncio.run(main())
+    """, "the load hung")
+    assert "'shader'" in out, out
