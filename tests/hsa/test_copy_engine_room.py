@@ -1,8 +1,9 @@
 """Room in ROCr's copy queues: ``hsa_amd_memory_async_copy`` spins, under the runtime lock, while
 its queue is full, and its copies may wait for work back-logged on an aiogpu queue that only the
 waiter (which needs that lock) publishes. While a back-log exists, a device therefore keeps its
-unretired ROCr copies within ``ROCR_COPY_ROOM`` packets and runs the rest as shader copies (see
-CopyEngines)."""
+unretired ROCr copies within ``ROCR_COPY_ROOM`` packets and runs the rest as shader copies, and
+gives ROCr no copy that may land on its utility queue, where loading a kernel copies the code
+under that lock (see CopyEngines)."""
 from __future__ import annotations
 
 import subprocess
@@ -71,6 +72,42 @@ def test_a_copy_that_fails_in_rocr_takes_no_room(make_runtime, monkeypatch):
     cleanups: list = []
     assert engines.submit(Q.ROCR_CHOICE, 0, dst, 0, src, 8, [], 0, cleanups) is None
     assert engines.room_in_use == 0 and cleanups == []
+
+
+def test_while_crowded_rocr_takes_device_to_host_and_peer_copies_only_on_proven_sdma(make_runtime, monkeypatch):
+    """ROCr 5.2.3 picks the blit: device-to-host and peer copies are refused while some queue
+    has a back-log (without SDMA their blit kernels run on the utility queue, where a kernel's
+    code is copied), host-to-device ones still go (within the room). With the engine calls, an
+    engine goes only once proven an SDMA queue."""
+    rt = make_runtime(gpus=2)
+    d0, d1 = rt.devices
+    engines = d0.engines
+    calls = []
+    monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy", lambda *args: calls.append(args) or 0)
+    monkeypatch.setattr(engines, "_crowded", lambda: True)
+    h2d, d2h, peer = (d0.agent, rt._cpu), (rt._cpu, d0.agent), (d1.agent, d0.agent)   # (dst, src)
+    assert engines.submit(Q.ROCR_CHOICE, 0, h2d[0], 0, h2d[1], 8, [], 0, []) is not None
+    assert engines.submit(Q.ROCR_CHOICE, 0, d2h[0], 0, d2h[1], 8, [], 0, []) is None
+    assert engines.submit(Q.ROCR_CHOICE, 0, peer[0], 0, peer[1], 8, [], 0, []) is None
+    assert len(calls) == 1
+    monkeypatch.setattr(engines, "_crowded", lambda: False)     # no back-log: every copy goes
+    assert engines.submit(Q.ROCR_CHOICE, 0, d2h[0], 0, d2h[1], 8, [], 0, []) is not None
+    assert engines.submit(Q.ROCR_CHOICE, 0, peer[0], 0, peer[1], 8, [], 0, []) is not None
+    assert len(calls) == 3
+
+
+def test_while_crowded_an_engine_takes_copies_only_once_proven(make_runtime, monkeypatch):
+    rt = make_runtime(gpus=1, rocr_version="5.7")
+    d0 = rt.devices[0]
+    engines = d0.engines
+    monkeypatch.setattr(rt.api, "hsa_amd_memory_async_copy_on_engine", lambda *args: 0)
+    monkeypatch.setattr(engines, "_crowded", lambda: True)
+    engine = aiogpu.hsa_bindings.types.HSA_AMD_SDMA_ENGINE_0 << 1      # engine 1
+    for dst, src in ((d0.agent, rt._cpu), (rt._cpu, d0.agent)):
+        assert engines.submit(engine, 0, dst, 0, src, 8, [], 0, []) is None
+    engines.proven.add(engine)           # reported free after use: a real SDMA queue
+    for dst, src in ((d0.agent, rt._cpu), (rt._cpu, d0.agent)):
+        assert engines.submit(engine, 0, dst, 0, src, 8, [], 0, []) is not None
 
 
 @pytest.mark.asyncio
