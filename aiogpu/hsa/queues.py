@@ -761,8 +761,9 @@ class CopyEngines:
                deps: list[int], completion: int, cleanup: list) -> str | None:
         """Start the copy on ``engine`` (``ROCR_CHOICE``: on the blit ROCr picks); its name, or
         None (run a shader copy instead) if the engines were lost to a memory fault (a graph
-        chose ``engine`` before), ROCr's queues have no room this device may take while the
-        runtime is crowded (see the class docstring), ROCr reports OUT_OF_RESOURCES, or it
+        chose ``engine`` before), the runtime is crowded and ROCr's queues have no room this
+        device may take or the copy could land on ROCr's utility queue (see the class
+        docstring), ROCr reports OUT_OF_RESOURCES, or it
         refused ``engine`` for this direction. What gives its room back once it has retired
         goes to ``cleanup``. Raises HsaError for any other failure."""
         if self.lost:
