@@ -235,6 +235,33 @@ async def test_work_completes_when_interrupts_are_lost(make_virtual):
     assert counters(rt, 0)["lost_interrupts"] >= 1
 
 
+
+@pytest.mark.asyncio
+async def test_a_back_log_drains_when_every_interrupt_is_lost(make_virtual):
+    """Room marks tell a back-logged queue of room through ROCr's asynchronous handler, which
+    wakes only on an interrupt (Signal::WaitAny waits for events with no short timeout): with
+    every interrupt lost from the moment the ring is full, the back-log still drains and every
+    launch completes, in order."""
+    from gpu_kernels import Gate, wait_gate
+
+    rt = make_virtual(ring_size=64, queues_per_device=1, watchdog_s=30)
+    d0, buf = rt.devices[0], rt.devices[0].alloc(8 * 16)
+    await aiogpu.copy(buf, np.zeros(16, np.int64))
+    await aiogpu.gather(d0.load(add_const_n), d0.load(wait_gate))
+    gate = Gate()
+    held = gate.launch(d0)
+    futs = [d0.launch(add_const_n, grid=(16,), block=(16,), args=(buf, 1, 16), after=[held] if i == 0 else [])
+            for i in range(300)]
+    assert rt._crowded()
+    rt.api.vkfd.inject(0, vkfd.INJECT_LOST_INTERRUPTS, 1 << 40)
+    try:
+        gate.open()
+        await asyncio.wait_for(aiogpu.gather(*futs), 30)
+        assert counters(rt, 0)["lost_interrupts"] >= 10
+    finally:
+        rt.api.vkfd.inject(0, vkfd.INJECT_LOST_INTERRUPTS, 0)
+    np.testing.assert_array_equal(await buf.to_numpy(np.int64), 300)
+
 # -- the AQL writer's rules on the real ROCr with the eager command processor -------------------------
 @pytest.mark.asyncio
 async def test_eager_cp_many_pending_launches_on_a_small_ring_bodies_before_headers(make_virtual):
