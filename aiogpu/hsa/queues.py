@@ -670,7 +670,8 @@ class CopyEngines:
     copy is published, so the device frees ROCr's queue on its own and a spin ends. Once some
     queue has one, a copy may wait on the device for back-logged work that only the waiter,
     taking that lock, publishes: a full ROCr queue would spin for good. So, while any queue of
-    the runtime has a back-log (``crowded``), a device takes no more than ``ROCR_COPY_ROOM``
+    the runtime has a back-log (``crowded``, asked only past the room or for a copy without a
+    ring of its own, below), a device takes no more than ``ROCR_COPY_ROOM``
     packets of ROCr's queues with its unretired copies (a copy counts 2 packets plus a barrier
     packet per five dependencies, as ROCr writes it); past that ``submit`` answers None and the
     copy is a shader copy on an aiogpu queue, whose back-log never blocks.
@@ -772,8 +773,8 @@ class CopyEngines:
         if (*direction, engine) in self.refused:
             return None
         room = 2 + (len(deps) + 4) // 5
-        if self._crowded() and (self.room_in_use + room > ROCR_COPY_ROOM
-                                or not self._own_ring(engine, src_agent)):
+        if (self.room_in_use + room > ROCR_COPY_ROOM or not self._own_ring(engine, src_agent)) \
+                and self._crowded():
             return None
         name = self._submit(engine, dst, dst_agent, src, src_agent, nbytes, deps, completion, direction)
         if name is not None:
