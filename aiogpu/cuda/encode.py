@@ -443,9 +443,9 @@ def lane_completes(runtime: Any, fut: Any, lane: Lane, cleanup: list, code: int,
                    wrote: bool = True) -> None:
     """After one launch or memcpy on ``lane`` returned ``code`` (``word``: the lane's fused word,
     to which the call wrote ``ticket`` after its work, or, ``wrote`` false, left that to a later
-    write: ``Lane.lazy``): ``fut`` becomes the lane's ``ticket`` at once; else
-    ``CudaRuntime._completed_on_lane`` records the event or writes the word, or raises CudaError
-    for a failed call (nothing then completes ``fut``)."""
+    write: ``Lane.lazy``): ``fut`` becomes the lane's ``ticket`` at once when the call was
+    given the word and succeeded; else ``CudaRuntime._completed_on_lane`` records the event or
+    writes the word, or raises CudaError for a failed call (nothing then completes ``fut``)."""
     if code or not word:
         runtime._completed_on_lane(fut, lane, cleanup, code, word)
         return
